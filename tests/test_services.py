@@ -1,0 +1,66 @@
+"""``scrapy services start|stop|status`` as a person runs it, against real servers on free ports."""
+
+from __future__ import annotations
+
+import os
+import socket
+from pathlib import Path
+
+from conftest import run_scrapy
+from product_crawl import services
+
+
+def _env(tmp_path: Path) -> dict[str, str]:
+    env = dict(os.environ, PC_SERVICES_DIR=str(tmp_path / "var"))
+    env.pop("REDIS_URL", None)
+    env.pop("MONGO_URI", None)
+    return env
+
+
+def _embedded(rport: int, mport: int) -> list[str]:
+    return ["-s", f"PC_EMBEDDED_REDIS_URL=redis://127.0.0.1:{rport}/0",
+            "-s", f"PC_EMBEDDED_MONGO_URI=mongodb://127.0.0.1:{mport}"]
+
+
+def test_explicit_url_that_does_not_answer_fails_naming_it(tmp_path: Path) -> None:
+    port = services.free_port()
+    env = dict(_env(tmp_path), REDIS_URL=f"redis://127.0.0.1:{port}/0")
+    result = run_scrapy(["services", "start"], env)
+    assert result.returncode == 1
+    assert f"redis://127.0.0.1:{port}/0" in result.stderr
+    assert not services.redis_answers(f"redis://127.0.0.1:{port}/0")  # never starts another one silently
+
+
+def test_start_twice_status_stop(tmp_path: Path) -> None:
+    rport, mport = services.free_port(), services.free_port()
+    env, opts = _env(tmp_path), _embedded(rport, mport)
+    try:
+        first = run_scrapy(["services", "start", *opts], env)
+        assert first.returncode == 0, first.stderr
+        assert first.stdout.count("started") == 2
+        second = run_scrapy(["services", "start", *opts], env)
+        assert second.returncode == 0 and second.stdout.count("already answering") == 2
+        status = run_scrapy(["services", "status", *opts], env)
+        assert status.returncode == 0
+        assert f"redis://127.0.0.1:{rport}/0" in status.stdout and f"mongodb://127.0.0.1:{mport}" in status.stdout
+        assert status.stdout.count(" answering") == 2
+        redis_dir = tmp_path / "var" / "redis"  # AOF on, data in the project folder (a file in 6.2, a folder in 7+)
+        assert (redis_dir / "appendonly.aof").exists() or (redis_dir / "appendonlydir").is_dir()
+    finally:
+        stop = run_scrapy(["services", "stop", *opts], env)
+    assert stop.returncode == 0 and "redis" in stop.stdout and "mongodb" in stop.stdout
+    assert not services.redis_answers(f"redis://127.0.0.1:{rport}/0")
+    assert not services.mongo_answers(f"mongodb://127.0.0.1:{mport}")
+    after = run_scrapy(["services", "status", *opts], env)
+    assert after.returncode == 1 and after.stdout.count("NOT answering") == 2
+
+
+def test_port_held_by_something_else_is_a_clear_error(tmp_path: Path) -> None:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        port = sock.getsockname()[1]
+        result = run_scrapy(["services", "start", *_embedded(port, services.free_port())], _env(tmp_path),
+                            timeout=60)
+    assert result.returncode == 1
+    assert f"port {port}" in result.stderr and "not a redis server" in result.stderr
