@@ -23,6 +23,7 @@ def redis_from_settings(settings: BaseSettings | dict[str, Any] | None = None) -
     if not isinstance(settings, BaseSettings):
         settings = Settings(settings or {})
     merged = settings.copy()
+    merged.frozen = False  # a private copy: the crawler's own settings stay frozen
     params = dict(_PARAMS)
     params.update(settings.getdict("REDIS_PARAMS"))
     merged.set("REDIS_PARAMS", params)

@@ -20,6 +20,7 @@ DEFAULTS: dict[str, Any] = {
     "SCHEDEXT_HEARTBEAT_INTERVAL": 5.0,  # seconds between node heartbeats and lease renewals
     "SCHEDEXT_REFILL_INTERVAL": 0.5,  # seconds between attempts to take work when the node has room
     "SCHEDEXT_IDLE_CLOSE": 0.0,  # seconds the cluster may be idle before a node closes; 0 = never
+    "SCHEDEXT_LEASE_GRACE": 10.0,  # seconds a lease may outlive its subtask's time limit before recall
     "SCHEDEXT_TAKE_BATCH": 8,  # malformed entries a take may skip (moving them to failed) in one call
     # --- subtask defaults --------------------------------------------------------------------------------
     "SCHEDEXT_PAGE_LIMIT": 5,  # pages in a task's first subtask

@@ -1,0 +1,131 @@
+"""MongoDB storage of collected items: pymongo through itemadapter, upserts by a unique key, batched off the reactor.
+
+Settings: ``MONGO_URI`` (default mongodb://127.0.0.1:27017), ``MONGO_DATABASE``, ``PC_MONGO_COLLECTION``,
+``PC_MONGO_BATCH_SIZE`` (items per bulk write), ``PC_MONGO_BATCH_DELAY`` (seconds an item may wait for its batch).
+
+Each item is upserted on (``fingerprint``, ``product``), ``fingerprint`` being the SHA-1 of the canonical URL: the
+same result crawled again (a recalled subtask, another node) updates ``last_crawled_at`` and is never stored
+twice. ``process_item`` awaits the bulk write that holds its item, so ``item_scraped`` means "acknowledged by
+MongoDB" and the node finishes a subtask only after its items are stored. A write error raises, the item ends in
+``item_error`` and its subtask fails (and is recalled): nothing is dropped silently.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import time
+from typing import Any
+
+import pymongo
+from itemadapter import ItemAdapter
+from pymongo.errors import BulkWriteError, PyMongoError
+from scrapy.exceptions import NotConfigured
+from scrapy.utils.defer import deferred_to_future
+from twisted.internet import defer, reactor, threads
+from w3lib.url import canonicalize_url
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_MONGO_URI = "mongodb://127.0.0.1:27017"
+_REFRESHED = ("last_crawled_at", "last_node_id", "last_subtask_id")
+
+
+def fingerprint(url: str) -> str:
+    """SHA-1 of the canonical form of ``url``."""
+    return hashlib.sha1(canonicalize_url(url).encode("utf-8")).hexdigest()
+
+
+class StorageError(RuntimeError):
+    """Raised if MongoDB did not acknowledge a batch of items."""
+
+
+class MongoPipeline:
+    def __init__(self, uri: str, database: str, collection: str, batch_size: int = 100,
+                 batch_delay: float = 0.2) -> None:
+        self.uri, self.database_name, self.collection_name = uri, database, collection
+        self.batch_size, self.batch_delay = batch_size, batch_delay
+        self.client: Any = None
+        self.collection: Any = None
+        self._batch: list[tuple[dict[str, Any], dict[str, Any]]] = []
+        self._waiters: list[defer.Deferred[None]] = []
+        self._timer: Any = None
+
+    @classmethod
+    def from_crawler(cls, crawler: Any) -> MongoPipeline:
+        s = crawler.settings
+        if not s.getbool("PC_MONGO_ENABLED", True):
+            raise NotConfigured("PC_MONGO_ENABLED is off")
+        return cls(s.get("MONGO_URI") or DEFAULT_MONGO_URI, s.get("MONGO_DATABASE") or "product_crawl",
+                   s.get("PC_MONGO_COLLECTION") or "items", s.getint("PC_MONGO_BATCH_SIZE", 100),
+                   s.getfloat("PC_MONGO_BATCH_DELAY", 0.2))
+
+    async def open_spider(self) -> None:
+        self.client = pymongo.MongoClient(self.uri, serverSelectionTimeoutMS=10_000, retryWrites=True)
+        self.collection = self.client[self.database_name][self.collection_name]
+        await deferred_to_future(threads.deferToThread(self._create_indexes))
+        logger.info("storing items in %s.%s", self.database_name, self.collection_name)
+
+    def _create_indexes(self) -> None:
+        self.collection.create_index([("fingerprint", 1), ("product", 1)], unique=True, name="unique_result")
+        self.collection.create_index([("product", 1), ("site", 1)], name="product_site")
+
+    async def close_spider(self) -> None:
+        if self._batch:
+            await deferred_to_future(self._flush())
+        if self.client is not None:
+            self.client.close()
+
+    async def process_item(self, item: Any) -> Any:
+        doc = ItemAdapter(item).asdict()
+        doc["fingerprint"] = fingerprint(doc["url"])
+        refreshed = {"last_crawled_at": doc.get("crawled_at", time.time()), "last_node_id": doc.get("node_id"),
+                     "last_subtask_id": doc.get("subtask_id")}
+        self._batch.append(({"fingerprint": doc["fingerprint"], "product": doc["product"]},
+                            {"$setOnInsert": doc, "$set": refreshed}))
+        waiter: defer.Deferred[None] = defer.Deferred()
+        self._waiters.append(waiter)
+        if len(self._batch) >= self.batch_size:
+            self._flush()
+        elif self._timer is None:
+            self._timer = reactor.callLater(self.batch_delay, self._flush)
+        await deferred_to_future(waiter)
+        return item
+
+    def _flush(self) -> defer.Deferred[None]:
+        if self._timer is not None and self._timer.active():
+            self._timer.cancel()
+        self._timer = None
+        batch, waiters = self._batch, self._waiters
+        self._batch, self._waiters = [], []
+        d = threads.deferToThread(self._write, batch)
+
+        def stored(_: Any) -> None:
+            for w in waiters:
+                w.callback(None)
+
+        def failed(failure: Any) -> None:
+            logger.error("MongoDB write failed: %s", failure.getErrorMessage())
+            for w in waiters:
+                w.errback(failure)
+
+        d.addCallbacks(stored, failed)
+        return d
+
+    def _write(self, batch: list[tuple[dict[str, Any], dict[str, Any]]]) -> int:
+        """One unordered bulk upsert (in a worker thread). Duplicate-key races between nodes are retried once."""
+        ops = [pymongo.UpdateOne(f, u, upsert=True) for f, u in batch]
+        for attempt in (1, 2):
+            try:
+                result = self.collection.bulk_write(ops, ordered=False)
+                return int(result.upserted_count)
+            except BulkWriteError as exc:
+                errors = exc.details.get("writeErrors", [])
+                if attempt == 1 and errors and all(e.get("code") == 11000 for e in errors):
+                    ops = [ops[e["index"]] for e in errors]  # another node inserted first: now they match
+                    continue
+                raise StorageError(f"MongoDB refused {len(errors)} of {len(ops)} items: "
+                                   f"{errors[0].get('errmsg') if errors else exc}") from exc
+            except PyMongoError as exc:
+                raise StorageError(f"MongoDB write of {len(ops)} items failed: {exc}") from exc
+        return 0

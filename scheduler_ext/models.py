@@ -1,0 +1,177 @@
+"""What crosses Redis: subtasks, tasks and reports as versioned JSON, validated on the way in.
+
+Nothing read from Redis is ever unpickled or evaluated: a payload is JSON or it is refused with a reason.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from . import SCHEMA_VERSION
+from .exceptions import InvalidInput
+
+
+def _dumps(obj: Any) -> str:
+    return json.dumps(obj, ensure_ascii=False, separators=(",", ":"), sort_keys=True)
+
+
+def loads_object(raw: str | bytes, what: str) -> dict[str, Any]:
+    """Decode ``raw`` as a JSON object of our schema version, or raise InvalidInput saying why."""
+    if isinstance(raw, bytes):
+        try:
+            raw = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise InvalidInput(f"{what}: not UTF-8 JSON (a pickle or other binary payload?)") from exc
+    try:
+        obj = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise InvalidInput(f"{what}: not JSON ({exc.msg} at character {exc.pos})") from exc
+    if not isinstance(obj, dict):
+        raise InvalidInput(f"{what}: expected a JSON object, got {type(obj).__name__}")
+    if obj.get("v", SCHEMA_VERSION) != SCHEMA_VERSION:
+        raise InvalidInput(f"{what}: schema version {obj.get('v')!r} is not the supported {SCHEMA_VERSION}")
+    return obj
+
+
+def _require(obj: dict[str, Any], name: str, kind: type | tuple[type, ...], what: str, *,
+             optional: bool = False, check: Any = None, expected: str = "") -> Any:
+    value = obj.get(name)
+    if value is None and optional:
+        return None
+    if not isinstance(value, kind) or isinstance(value, bool) and kind is not bool or (check and not check(value)):
+        raise InvalidInput(f"{what}: field {name!r}: expected {expected or getattr(kind, '__name__', kind)}, "
+                           f"got {value!r}")
+    return value
+
+
+@dataclass
+class Subtask:
+    """A slice ``[first_page, first_page + page_limit)`` of one task's result pages, with a time limit.
+
+    ``group`` is what the efficiency estimates are kept per (the product), ``site`` what completion is kept per;
+    ``payload`` is opaque to scheduler_ext and read by the project's spider.
+    """
+
+    id: str
+    task: str
+    site: str
+    first_page: int
+    page_limit: int
+    time_limit: float
+    group: str = ""
+    type: int = 0
+    priority: float = 0.0
+    attempt: int = 0
+    avoid: list[str] = field(default_factory=list)
+    prev_node: str | None = None
+    node: str | None = None
+    payload: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> str:
+        return _dumps({"v": SCHEMA_VERSION, **asdict(self)})
+
+    @classmethod
+    def from_dict(cls, obj: dict[str, Any], what: str = "subtask") -> Subtask:
+        nonneg = lambda v: v >= 0  # noqa: E731
+        return cls(
+            id=_require(obj, "id", str, what, check=bool, expected="a non-empty string"),
+            task=str(_require(obj, "task", (str, int), what, expected="a task id")),
+            site=_require(obj, "site", str, what, check=bool, expected="a non-empty string"),
+            first_page=_require(obj, "first_page", int, what, check=nonneg, expected="an integer >= 0"),
+            page_limit=_require(obj, "page_limit", int, what, check=lambda v: v >= 1, expected="an integer >= 1"),
+            time_limit=float(_require(obj, "time_limit", (int, float), what, check=lambda v: v > 0,
+                                      expected="a number of seconds > 0")),
+            group=_require(obj, "group", str, what, optional=True) or "",
+            type=_require(obj, "type", int, what, optional=True, check=nonneg, expected="a node type >= 0") or 0,
+            priority=float(_require(obj, "priority", (int, float), what, optional=True) or 0.0),
+            attempt=_require(obj, "attempt", int, what, optional=True, check=nonneg) or 0,
+            avoid=list(_require(obj, "avoid", list, what, optional=True) or []),
+            prev_node=_require(obj, "prev_node", str, what, optional=True),
+            node=_require(obj, "node", str, what, optional=True),
+            payload=_require(obj, "payload", dict, what, optional=True) or {},
+        )
+
+    @classmethod
+    def from_json(cls, raw: str | bytes, what: str = "subtask") -> Subtask:
+        return cls.from_dict(loads_object(raw, what), what)
+
+
+@dataclass
+class Task:
+    """One query (one site, one engine): its pages are crawled one subtask at a time."""
+
+    id: str
+    site: str
+    group: str = ""
+    type: int = 0
+    priority: float = 0.0
+    payload: dict[str, Any] = field(default_factory=dict)
+    next_page: int = 0
+    total_pages: int | None = None  # known once a node has seen the engine-reported count
+    reported: int | None = None
+    subtasks: int = 0
+    collected: int = 0
+    done: bool = False
+    last_node: str | None = None
+    page_limit: int | None = None  # of the latest subtask
+    time_limit: float | None = None
+
+    def to_json(self) -> str:
+        return _dumps({"v": SCHEMA_VERSION, **asdict(self)})
+
+    @classmethod
+    def from_json(cls, raw: str) -> Task:
+        obj = loads_object(raw, "task")
+        obj.pop("v", None)
+        return cls(**obj)
+
+
+@dataclass
+class Report:
+    """What a node says about one execution of a subtask (pushed to ``sleeping`` or ``failed``).
+
+    ``outcome`` is "done" (all pages, or the end of results), "timeout" (the time limit cut it short; what was
+    collected counts) or "failed" (``reason`` says why: a block page, an HTTP error, a download or storage error).
+    """
+
+    subtask: Subtask
+    node: str
+    outcome: str
+    reason: str = ""
+    reported: int | None = None  # engine-reported result count
+    offered: int = 0  # results the engine should have shown on the pages crawled
+    collected: int = 0  # results the node actually got
+    pages: int = 0  # pages crawled
+    next_page: int = 0  # first page of the task not yet crawled
+    exhausted: bool = False  # the end of the results was reached
+    total_pages: int | None = None
+    started: float = 0.0
+    ended: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return self.outcome != "failed"
+
+    @property
+    def seconds(self) -> float:
+        return max(0.0, self.ended - self.started)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["subtask"] = {"v": SCHEMA_VERSION, **asdict(self.subtask)}
+        return {"v": SCHEMA_VERSION, **d}
+
+    def to_json(self) -> str:
+        return _dumps(self.to_dict())
+
+    @classmethod
+    def from_json(cls, raw: str) -> Report:
+        obj = loads_object(raw, "report")
+        obj.pop("v", None)
+        sub = obj.pop("subtask", None)
+        if not isinstance(sub, dict):
+            raise InvalidInput(f"report: field 'subtask': expected an object, got {sub!r}")
+        known = set(cls.__dataclass_fields__)
+        return cls(subtask=Subtask.from_dict(sub, "report.subtask"), **{k: v for k, v in obj.items() if k in known})

@@ -1,0 +1,79 @@
+"""A Scrapy stats collector that also keeps per-node and per-site counters in Redis.
+
+Scrapy's stats API unchanged (``inc_value`` and friends, kept in memory as by ``MemoryStatsCollector``); on top,
+every numeric increment is buffered and flushed every ``SCHEDEXT_STATS_FLUSH_INTERVAL`` seconds (and at close) as
+``HINCRBY`` / ``HINCRBYFLOAT`` deltas in one MULTI transaction: no read-modify-write across round trips.
+
+Keys (docs/redis-keys.md): ``stats:node:<node>`` gets every numeric stat of the node; a stat named
+``site/<site>/<name>`` also goes to ``stats:site:<site>`` as ``<name>`` (cluster-wide per site) and
+``<node>/<name>`` (per site and node).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+from typing import Any
+
+import redis
+from scrapy.statscollectors import MemoryStatsCollector
+from scrapy.utils.asyncio import create_looping_call
+
+from .connection import redis_from_settings
+from .defaults import setting, setting_float
+from .keys import Keys
+from .scheduler import node_identity
+
+logger = logging.getLogger(__name__)
+
+
+class RedisStatsCollector(MemoryStatsCollector):
+    def __init__(self, crawler: Any, client: redis.Redis | None = None) -> None:
+        super().__init__(crawler)
+        settings = crawler.settings
+        self.node_id = node_identity(settings)[0]
+        self.keys = Keys(setting(settings, "SCHEDEXT_PREFIX"))
+        self.redis = client if client is not None else redis_from_settings(settings)
+        self.interval = setting_float(settings, "SCHEDEXT_STATS_FLUSH_INTERVAL")
+        self._pending: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
+        self._loop: Any = None
+
+    def inc_value(self, key: str, count: int = 1, start: int = 0, spider: Any = None) -> None:
+        super().inc_value(key, count, start)
+        if isinstance(count, (int, float)) and not isinstance(count, bool):
+            self._pending[self.keys.stats("node", self.node_id)][key] += count
+            if key.startswith("site/"):
+                _, site, name = key.split("/", 2)
+                self._pending[self.keys.stats("site", site)][name] += count
+                self._pending[self.keys.stats("site", site)][f"{self.node_id}/{name}"] += count
+
+    def flush(self) -> None:
+        """Send the buffered deltas in one transaction; on failure keep them for the next flush."""
+        if not self._pending:
+            return
+        pending, self._pending = self._pending, defaultdict(lambda: defaultdict(float))
+        try:
+            with self.redis.pipeline(transaction=True) as pipe:
+                for key, fields in pending.items():
+                    for name, delta in fields.items():
+                        if float(delta).is_integer():
+                            pipe.hincrby(key, name, int(delta))
+                        else:
+                            pipe.hincrbyfloat(key, name, delta)
+                pipe.execute()
+        except redis.RedisError as exc:  # keep the deltas; they go out with the next flush
+            logger.warning("stats flush failed (%s); will retry", exc)
+            for key, fields in pending.items():
+                for name, delta in fields.items():
+                    self._pending[key][name] += delta
+
+    def open_spider(self, spider: Any = None) -> None:
+        super().open_spider()
+        self._loop = create_looping_call(self.flush)
+        self._loop.start(self.interval, now=False)
+
+    def close_spider(self, spider: Any = None, reason: str | None = None) -> None:
+        if self._loop is not None and self._loop.running:
+            self._loop.stop()
+        self.flush()
+        super().close_spider(reason=reason)
