@@ -67,6 +67,7 @@ class Subtask:
     avoid: list[str] = field(default_factory=list)
     prev_node: str | None = None
     node: str | None = None
+    since: float = 0.0  # Redis time it entered the waiting queue
     payload: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> str:
@@ -90,6 +91,7 @@ class Subtask:
             avoid=list(_require(obj, "avoid", list, what, optional=True) or []),
             prev_node=_require(obj, "prev_node", str, what, optional=True),
             node=_require(obj, "node", str, what, optional=True),
+            since=float(_require(obj, "since", (int, float), what, optional=True) or 0.0),
             payload=_require(obj, "payload", dict, what, optional=True) or {},
         )
 

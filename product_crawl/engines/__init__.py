@@ -93,7 +93,9 @@ class Engine:
 
     def __init__(self, base_url: str, **options: Any) -> None:
         if not base_url or not urlsplit(base_url).scheme or not urlsplit(base_url).netloc:
-            raise ValueError(f"engine {self.name!r}: base URL must be absolute (scheme://host), got {base_url!r}")
+            raise ValueError(
+                f"engine {self.name!r}: base URL must be absolute (scheme://host), got {base_url!r}"
+            )
         if options:
             raise TypeError(f"engine {self.name!r}: unknown options {sorted(options)}")
         self.base_url = base_url.rstrip("/")

@@ -2,8 +2,9 @@
 
 URL: ``<base>/s?wd=<words joined by spaces> site:<site>&pn=<10 x page>&cl=0&ie=utf-8``; ``pn`` is the offset
 of the first result. The parser understands both the older layout (``div.nums`` saying
-``百度为您找到相关结果约1,230个``, ``div.c-abstract`` with ``span.newTimeFactor_before_abs`` dates) and the newer one
-(``找到相关结果数约1,230个``, ``h3.c-title``, ``mu`` attributes, ``span.c-color-gray2`` dates).
+``百度为您找到相关结果约1,230个``, ``div.c-abstract`` with ``span.newTimeFactor_before_abs`` dates)
+and the newer one (``找到相关结果数约1,230个``, ``h3.c-title``, ``mu`` attributes, ``span.c-color-gray2``
+dates).
 """
 
 from __future__ import annotations
@@ -20,7 +21,9 @@ from product_crawl.engines import Engine, Result, ResultPage, clean_text, normal
 # Old: "百度为您找到相关结果约1,230个"; new: "找到相关结果数约1,230个"; both with or without 约.
 _COUNT = re.compile(r"找到相关结果数?\s*约?\s*([\d,，]+)\s*个")
 _DATE_CLASSES = ("newTimeFactor_before_abs", "c-color-gray2")
-_DATE_XPATH = " or ".join(f"contains(concat(' ', normalize-space(@class), ' '), ' {c} ')" for c in _DATE_CLASSES)
+_DATE_XPATH = " or ".join(
+    f"contains(concat(' ', normalize-space(@class), ' '), ' {c} ')" for c in _DATE_CLASSES
+)
 
 
 class BaiduEngine(Engine):

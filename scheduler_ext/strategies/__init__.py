@@ -1,0 +1,100 @@
+"""Pluggable scheduling strategies: allocation, modification and recall, each with its baselines.
+
+A strategy is chosen by dotted path (``SCHEDEXT_ALLOCATION``, ``SCHEDEXT_MODIFICATION``, ``SCHEDEXT_RECALL``) and
+built with ``from_crawler``. The contracts are the abstract classes below; docs/strategies.md gives the formulas.
+"""
+
+from __future__ import annotations
+
+import abc
+import enum
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from ..defaults import setting
+from ..exceptions import ConfigurationError
+from ..models import Report, Subtask
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """A moving estimate (recent runs weigh more) and how much data it rests on."""
+
+    value: float
+    runs: int
+    last_run: float
+
+
+@dataclass
+class NodeView:
+    """A live node as allocation sees it: ``free`` is how many more subtasks its crawl queue may take now."""
+
+    id: str
+    types: list[int]
+    address: str | None = None
+    free: int = 0
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+class Estimates(Protocol):
+    """Run-control data read by the strategies (from the aggregates the nodes' finish script maintains)."""
+
+    def completion(self, site: str, node: str) -> Estimate | None:
+        """Collected / offered results of ``node`` on ``site``, None if it never ran there."""
+
+    def seconds_per_page(self, group: str, site: str, node: str) -> Estimate | None:
+        """Crawl seconds per page of ``node`` for this product on ``site``; falls back to the site's figure."""
+
+
+class Allocation(abc.ABC):
+    """Decides which waiting subtasks go to which node's crawl queue now."""
+
+    @abc.abstractmethod
+    def allocate(self, subtasks: Sequence[Subtask], nodes: Sequence[NodeView], estimates: Estimates,
+                 now: float) -> list[tuple[Subtask, str]]:
+        """Assignments (subtask, node id) for some of ``subtasks`` (given in priority order).
+
+        Contract: only live nodes of the subtask's type; never more assignments to a node than its ``free``;
+        a subtask at most once; subtasks left out stay waiting for a later tick.
+        """
+
+
+class Modification(abc.ABC):
+    """Decides the page limit and time limit of a task's next subtask from the report of its last one."""
+
+    @abc.abstractmethod
+    def next_limits(self, report: Report, estimates: Estimates) -> tuple[int, float]:
+        """(page limit >= 1, time limit in seconds > 0) for the subtask that follows ``report``'s."""
+
+
+class RecallDecision(enum.Enum):
+    REQUEUE = "requeue"  # back to waiting, attempt + 1, avoiding the node it failed on
+    DEAD = "dead"  # to the dead-letter list for manual handling
+    ABANDON = "abandon"  # not recalled: its pages are given up and the task goes on (baseline "none")
+    KEEP = "keep"  # leave it where it is (a lapsed lease or stale queue entry under baseline "none")
+
+
+class Recall(abc.ABC):
+    """Decides what happens to a subtask that failed, whose lease lapsed, or that sat too long in a queue."""
+
+    threshold: float
+    max_recalls: int
+
+    @abc.abstractmethod
+    def decide(self, subtask: Subtask, node: str | None, reason: str, *, failed: bool) -> RecallDecision:
+        """``failed`` is True for a failure report, False for a lapsed lease / stale queue entry / dead node."""
+
+
+def load_strategy(crawler: Any, name: str, base: type) -> Any:
+    """Build the strategy named by setting ``name`` (a dotted path), checking it implements ``base``."""
+    from scrapy.utils.misc import build_from_crawler, load_object
+
+    path = setting(crawler.settings, name)
+    try:
+        cls = load_object(path)
+    except (ImportError, NameError, ValueError, AttributeError) as exc:
+        raise ConfigurationError(f"{name}: cannot load strategy {path!r}: {exc}") from exc
+    if not (isinstance(cls, type) and issubclass(cls, base)):
+        raise ConfigurationError(f"{name}: {path!r} is not a {base.__name__} strategy")
+    return build_from_crawler(cls, crawler)

@@ -1,0 +1,87 @@
+"""Modification strategies: the page limit and time limit of a task's next subtask.
+
+:class:`DynamicModification` (default), the paper's rule made explicit. With ``c`` the completion estimate of
+(site, node) and ``s`` the seconds-per-page estimate of (product, site, node) of the node that ran the last subtask
+(falling back to that run's own figures), ``P0`` = ``SCHEDEXT_PAGE_LIMIT``, ``k`` = ``SCHEDEXT_TIME_SAFETY`` and
+``B`` = half the recall threshold (the longest a subtask should expect to run):
+
+    pages      = clamp(round(2 * c * P0), PAGE_LIMIT_MIN, PAGE_LIMIT_MAX)     low completion -> fewer pages
+    pages      = max(PAGE_LIMIT_MIN, min(pages, floor(B / (k * s))))          ... but expected duration <= B
+    time_limit = clamp(k * s * pages, TIME_LIMIT_MIN, min(TIME_LIMIT_MAX, B))  fast pages -> shorter limit
+
+The two are chosen together: the page count is cut first so that ``k * s * pages`` fits under ``B``, then the
+time limit follows from the same product, so a subtask's expected duration stays well under the recall threshold.
+
+:class:`FixedModification` (baseline): always ``SCHEDEXT_PAGE_LIMIT`` pages and ``SCHEDEXT_TIME_LIMIT`` seconds.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from ..defaults import setting_float, setting_int
+from ..models import Report
+from . import Estimates, Modification
+
+
+class FixedModification(Modification):
+    def __init__(self, page_limit: int = 5, time_limit: float = 30.0) -> None:
+        self.page_limit, self.time_limit = page_limit, time_limit
+
+    @classmethod
+    def from_crawler(cls, crawler: Any) -> FixedModification:
+        s = crawler.settings
+        return cls(setting_int(s, "SCHEDEXT_PAGE_LIMIT"), setting_float(s, "SCHEDEXT_TIME_LIMIT"))
+
+    def next_limits(self, report: Report, estimates: Estimates) -> tuple[int, float]:
+        return self.page_limit, self.time_limit
+
+
+class DynamicModification(Modification):
+    def __init__(self, *, base_pages: int = 5, min_pages: int = 1, max_pages: int = 20, min_time: float = 5.0,
+                 max_time: float = 120.0, safety: float = 2.0, recall_threshold: float = 60.0,
+                 default_time: float = 30.0) -> None:
+        self.base_pages, self.min_pages, self.max_pages = base_pages, min_pages, max_pages
+        self.min_time, self.max_time, self.safety = min_time, max_time, safety
+        self.budget = recall_threshold / 2
+        self.default_time = default_time
+
+    @classmethod
+    def from_crawler(cls, crawler: Any) -> DynamicModification:
+        s = crawler.settings
+        return cls(base_pages=setting_int(s, "SCHEDEXT_PAGE_LIMIT"),
+                   min_pages=setting_int(s, "SCHEDEXT_PAGE_LIMIT_MIN"),
+                   max_pages=setting_int(s, "SCHEDEXT_PAGE_LIMIT_MAX"),
+                   min_time=setting_float(s, "SCHEDEXT_TIME_LIMIT_MIN"),
+                   max_time=setting_float(s, "SCHEDEXT_TIME_LIMIT_MAX"),
+                   safety=setting_float(s, "SCHEDEXT_TIME_SAFETY"),
+                   recall_threshold=setting_float(s, "SCHEDEXT_RECALL_THRESHOLD"),
+                   default_time=setting_float(s, "SCHEDEXT_TIME_LIMIT"))
+
+    def limits(self, completion: float | None, seconds_per_page: float | None) -> tuple[int, float]:
+        """The formula itself, on plain numbers (None: no data yet).
+
+        >>> DynamicModification().limits(1.0, 0.5)    # all collected, fast: more pages, a short limit
+        (10, 10.0)
+        >>> DynamicModification().limits(0.1, 0.5)    # little collected: fewer pages
+        (1, 5.0)
+        >>> DynamicModification().limits(1.0, 4.0)    # slow pages: as many as fit in half the threshold
+        (3, 24.0)
+        """
+        c = 0.5 if completion is None else min(1.0, max(0.0, completion))
+        pages = min(self.max_pages, max(self.min_pages, round(2 * c * self.base_pages)))
+        if seconds_per_page is None or seconds_per_page <= 0:
+            return pages, min(self.max_time, max(self.min_time, min(self.default_time, self.budget)))
+        fit = math.floor(self.budget / (self.safety * seconds_per_page))
+        pages = max(self.min_pages, min(pages, fit))
+        limit = self.safety * seconds_per_page * pages
+        return pages, round(min(min(self.max_time, self.budget), max(self.min_time, limit)), 3)
+
+    def next_limits(self, report: Report, estimates: Estimates) -> tuple[int, float]:
+        st = report.subtask
+        c = estimates.completion(st.site, report.node)
+        s = estimates.seconds_per_page(st.group, st.site, report.node)
+        completion = c.value if c is not None else (report.collected / report.offered if report.offered else None)
+        spp = s.value if s is not None else (report.seconds / report.pages if report.pages else None)
+        return self.limits(completion, spp)
