@@ -112,6 +112,11 @@ class Keys:
         """Set of "site|node" pairs that have aggregates (for status and for a new leader)."""
         return self._k("agg:pairs")
 
+    @property
+    def agg_triples(self) -> str:
+        """Set of "product|site|node" triples that have aggregates (for status)."""
+        return self._k("agg:triples")
+
     def node_counters(self, node: str) -> str:
         """Hash of per-node scheduling counts: moved_out, moved_in, modified, recalled, dead, stale_finish."""
         return self._k(f"count:node:{node}")

@@ -78,7 +78,7 @@ return lost
 
 # finish: end a leased subtask: run record, aggregates, report. Refused (returns 0) if the token is stale.
 # KEYS: leases, lease_info, subtasks, sleeping|failed, runs, agg site|node, agg product|site|node, agg index,
-#       count:node:<node>, progress
+#       count:node:<node>, progress, agg triples index
 # ARGV: id, token, report json, runs maxlen, alpha, "site|node", offered, collected, pages, seconds, ok (1/0),
 #       group
 _FINISH = _NOW + """
@@ -116,6 +116,7 @@ for k = 6, 7 do
   if ok and pages > 0 then ewma(key, 'spp', seconds / pages) end
 end
 redis.call('SADD', KEYS[8], ARGV[6])
+redis.call('SADD', KEYS[11], ARGV[12] .. '|' .. ARGV[6])
 redis.call('HINCRBY', KEYS[10], ARGV[12] .. '|collected', collected)
 redis.call('HINCRBY', KEYS[10], ARGV[12] .. '|pages', pages)
 return 1
@@ -156,6 +157,7 @@ return n
 #   ["zrem", zset, member]          member was in the sorted set; it is removed
 #   ["lrem", list, value]           value was in the list; one occurrence is removed
 #   ["zscore_le", zset, member, x]  member's score is <= x (e.g. a node's last heartbeat is old)
+#   ["hdel", hash, field]           the field exists; it is removed
 # Writes: ["hset", k, f, v] ["hdel", k, f] ["zadd", k, score, m] ["zrem", k, m] ["lpush", k, v] ["hincrby", k, f, n]
 #   ["del", k] ["sadd", k, m]
 # Returns 1 if applied, 0 if a guard failed (nothing written).
@@ -172,6 +174,8 @@ for _, g in ipairs(guards) do
     if not redis.call('ZSCORE', g[2], g[3]) then return 0 end
   elseif op == 'lrem' then
     if not redis.call('LPOS', g[2], g[3]) then return 0 end
+  elseif op == 'hdel' then
+    if redis.call('HEXISTS', g[2], g[3]) == 0 then return 0 end
   elseif op == 'zscore_le' then
     local s = redis.call('ZSCORE', g[2], g[3])
     if not s or tonumber(s) > tonumber(g[4]) then return 0 end
@@ -184,7 +188,8 @@ for _, g in ipairs(guards) do
   if op == 'tail_is' then redis.call('RPOP', g[2])
   elseif op == 'lease_is' then redis.call('HDEL', g[2], g[4]); redis.call('ZREM', g[3], g[4])
   elseif op == 'zrem' then redis.call('ZREM', g[2], g[3])
-  elseif op == 'lrem' then redis.call('LREM', g[2], 1, g[3]) end
+  elseif op == 'lrem' then redis.call('LREM', g[2], 1, g[3])
+  elseif op == 'hdel' then redis.call('HDEL', g[2], g[3]) end
 end
 for _, w in ipairs(writes) do
   local op = w[1]
@@ -266,7 +271,8 @@ class Store:
         k = self.keys
         out = k.sleeping if ok else k.failed
         keys = [k.leases, k.lease_info, k.subtasks, out, k.runs, k.agg_site_node(site, node),
-                k.agg_group_site_node(group, site, node), k.agg_index, k.node_counters(node), k.progress]
+                k.agg_group_site_node(group, site, node), k.agg_index, k.node_counters(node), k.progress,
+                k.agg_triples]
         args = [sid, token, report_json, runs_maxlen, alpha, f"{site}|{node}", offered, collected, pages,
                 f"{seconds:.6f}", 1 if ok else 0, group]
         return bool(self._finish(keys=keys, args=args))

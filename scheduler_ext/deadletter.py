@@ -1,0 +1,60 @@
+"""The dead-letter list (the paper's "manual handling"): list, requeue and drop entries.
+
+An entry is JSON in the ``dead`` hash: ``{id, kind, reason, attempts, last_node, at, subtask | raw}``. ``kind`` is
+``subtask`` (recalled the maximum number of times), ``virtual`` (an injected virtual task that does not validate),
+``malformed`` (a crawl-queue entry or report that is not a valid subtask), ``report``, ``lease`` or ``waiting``.
+Only entries that hold a subtask or a virtual task can be requeued; the others can only be dropped.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from .exceptions import InvalidInput
+from .models import Subtask
+from .store import Store
+
+
+class UnknownEntry(InvalidInput):
+    """Raised if no dead-letter entry has the given id."""
+
+
+def list_entries(store: Store) -> list[dict[str, Any]]:
+    entries = [json.loads(raw) for raw in store.redis.hvals(store.keys.dead)]
+    return sorted(entries, key=lambda e: (e.get("at") or 0, str(e.get("id"))))
+
+
+def _entry(store: Store, entry_id: str) -> tuple[str, dict[str, Any]]:
+    raw = store.redis.hget(store.keys.dead, entry_id)
+    if raw is None:
+        raise UnknownEntry(f"no dead-letter entry with id {entry_id!r} (see `scrapy deadletter list`)")
+    return raw, json.loads(raw)
+
+
+def requeue(store: Store, entry_id: str) -> str:
+    """Send an entry back: a subtask to ``waiting`` with a fresh attempt count, a virtual task to ``virtual``."""
+    k = store.keys
+    _, entry = _entry(store, entry_id)
+    guard = [["hdel", k.dead, entry_id]]
+    if isinstance(entry.get("subtask"), dict):
+        st = Subtask.from_dict(entry["subtask"], f"dead-letter entry {entry_id}")
+        fresh = Subtask(**{**st.__dict__, "attempt": 0, "avoid": [], "node": None, "since": store.now()})
+        writes = [["hset", k.subtasks, fresh.id, fresh.to_json()], ["zadd", k.waiting, fresh.priority, fresh.id],
+                  ["hincrby", k.counters, "requeued", 1]]
+        where = "waiting"
+    elif entry.get("kind") == "virtual" and entry.get("raw"):
+        writes = [["lpush", k.virtual, entry["raw"]], ["hincrby", k.counters, "requeued", 1]]
+        where = "virtual"
+    else:
+        raise InvalidInput(f"dead-letter entry {entry_id!r} ({entry.get('kind')}) holds no subtask or virtual "
+                           "task to requeue; inspect it and drop it")
+    if not store.commit(guard, writes):
+        raise UnknownEntry(f"dead-letter entry {entry_id!r} was removed meanwhile")
+    return where
+
+
+def drop(store: Store, entry_id: str) -> None:
+    _entry(store, entry_id)
+    if not store.commit([["hdel", store.keys.dead, entry_id]], [["hincrby", store.keys.counters, "dropped", 1]]):
+        raise UnknownEntry(f"dead-letter entry {entry_id!r} was removed meanwhile")

@@ -1,0 +1,97 @@
+"""A snapshot of a deployment for people and scripts: what ``scrapy status --json`` prints (docs/status.md).
+
+The JSON form is a stable contract (schema version ``v``): queues, nodes, completion per (site, node), seconds per
+page per (product, site, node), per-product progress, per-node scheduling counts, cluster counters.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from typing import Any
+
+from .store import Store
+
+NODE_COUNTS = ("moved_out", "moved_in", "modified", "recalled", "dead", "stale_finish")
+
+
+def _num(value: Any, kind: type = float) -> Any:
+    try:
+        return kind(float(value)) if value is not None else None
+    except (TypeError, ValueError):
+        return None
+
+
+def collect_status(store: Store, recall_threshold: float = 60.0) -> dict[str, Any]:
+    """Everything ``scrapy status`` shows, as plain JSON-ready data. Cost: O(nodes x sites + products)."""
+    r, k = store.redis, store.keys
+    now = store.now()
+    node_ids = set(r.hkeys(k.nodes)) | set(r.zrange(k.node_seen, 0, -1))
+    pairs = sorted(r.smembers(k.agg_index))
+    triples = sorted(r.smembers(k.agg_triples))
+    node_ids |= {p.rsplit("|", 1)[1] for p in pairs}
+    nodes = sorted(node_ids)
+    with r.pipeline(transaction=False) as pipe:
+        for name in ("virtual", "sleeping", "failed"):
+            pipe.llen(getattr(k, name))
+        pipe.zcard(k.waiting)
+        pipe.zcard(k.leases)
+        pipe.hlen(k.dead)
+        pipe.get(k.leader)
+        pipe.hgetall(k.counters)
+        pipe.hgetall(k.progress)
+        for n in nodes:
+            pipe.llen(k.crawl(n))
+            pipe.hget(k.nodes, n)
+            pipe.zscore(k.node_seen, n)
+            pipe.hgetall(k.node_counters(n))
+        for p in pairs:
+            pipe.hgetall(k.agg_site_node(*p.rsplit("|", 1)))
+        for t in triples:
+            pipe.hget(k.agg_group_site_node(*t.rsplit("|", 2)), "spp")
+        rows = pipe.execute()
+    virtual, sleeping, failed, waiting, leased, dead, leader, counters, progress = rows[:9]
+    pos = 9
+    node_rows = []
+    crawl: dict[str, int] = {}
+    for n in nodes:
+        qlen, raw, seen, counts = rows[pos:pos + 4]
+        pos += 4
+        info = json.loads(raw) if raw else {}
+        crawl[n] = int(qlen)
+        node_rows.append({
+            "id": n, "alive": seen is not None and now - float(seen) <= recall_threshold,
+            "type": info.get("type"), "address": info.get("address"), "host": info.get("host"),
+            "pid": info.get("pid"), "last_seen": _num(seen), "subtasks": info.get("subtasks", []),
+            "crawl_queue": int(qlen), "counts": {c: int(counts.get(c, 0)) for c in NODE_COUNTS}})
+    completion: dict[str, dict[str, Any]] = defaultdict(dict)
+    for p in pairs:
+        site, node = p.rsplit("|", 1)
+        h = rows[pos]
+        pos += 1
+        offered, collected = int(h.get("offered", 0)), int(h.get("collected", 0))
+        completion[site][node] = {
+            "completion": _num(h.get("completion")), "ratio": collected / offered if offered else None,
+            "runs": int(h.get("runs", 0)), "failures": int(h.get("failures", 0)), "offered": offered,
+            "collected": collected, "pages": int(h.get("pages", 0)),
+            "seconds_per_page": _num(h.get("spp"))}
+    spp: dict[str, dict[str, dict[str, float | None]]] = defaultdict(lambda: defaultdict(dict))
+    for t in triples:
+        group, site, node = t.rsplit("|", 2)
+        spp[group][site][node] = _num(rows[pos])
+        pos += 1
+    products: dict[str, dict[str, int]] = defaultdict(dict)
+    for field, value in progress.items():
+        group, name = field.rsplit("|", 1)
+        products[group][name] = int(value)
+    return {
+        "v": 1, "prefix": k.prefix, "time": now, "leader": leader,
+        "queues": {"virtual": int(virtual), "waiting": int(waiting), "crawl": crawl, "leased": int(leased),
+                   "sleeping": int(sleeping), "failed": int(failed), "dead": int(dead)},
+        "nodes": node_rows,
+        "completion": {s: dict(v) for s, v in sorted(completion.items())},
+        "seconds_per_page": {g: {s: dict(n) for s, n in v.items()} for g, v in sorted(spp.items())},
+        "products": {g: {"tasks": v.get("tasks", 0), "done": v.get("done", 0), "collected": v.get("collected", 0),
+                         "pages": v.get("pages", 0)} for g, v in sorted(products.items())},
+        "cluster": {c: int(v) for c, v in sorted(counters.items())},
+    }
