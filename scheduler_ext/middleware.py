@@ -96,7 +96,15 @@ class SubtaskDownloaderMiddleware(_Base):
 
     def process_exception(self, request: Request, exception: Exception) -> None:
         tracker, sid = self.tracker, request.meta.get(META_SID)
-        if tracker is None or tracker.get(sid) is None or isinstance(exception, IgnoreRequest):
+        active = tracker.get(sid) if tracker else None
+        if active is None or isinstance(exception, IgnoreRequest):
+            return
+        assert tracker is not None
+        if time.monotonic() >= active.deadline_local - 0.05:
+            # The subtask's time limit cut this download short: a timeout, not a failure of the site.
+            active.timed_out = True
+            self.stats.inc_value("schedext/pages/timeout")
+            tracker.page_dropped(sid, request.meta[META_PAGE])
             return
         self.stats.inc_value("schedext/pages/download_error")
         name = type(exception).__name__

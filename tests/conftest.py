@@ -12,6 +12,7 @@ import subprocess
 import sys
 import uuid
 from collections.abc import Iterator
+from typing import Any
 from pathlib import Path
 
 import pymongo
@@ -91,3 +92,38 @@ def run_scrapy(args: list[str], env: dict[str, str] | None = None, timeout: floa
     """Run ``scrapy ARGS`` in the project folder and capture its output."""
     return subprocess.run([sys.executable, "-m", "scrapy", *args], cwd=PROJECT, env=env, text=True,
                           capture_output=True, timeout=timeout, input=input)
+
+
+FAST_PROFILE = Path(__file__).resolve().parent / "profiles" / "fast.json"
+
+# Short intervals for process tests: settings, never sleeps, make the mechanisms fast.
+FAST_SETTINGS = {"SCHEDEXT_HEARTBEAT_INTERVAL": 0.5, "SCHEDEXT_REFILL_INTERVAL": 0.2, "SCHEDEXT_TICK_INTERVAL": 0.3,
+                 "SCHEDEXT_STATS_FLUSH_INTERVAL": 1, "SCHEDEXT_LEADER_TTL": 2, "SCHEDEXT_RECALL_THRESHOLD": 4,
+                 "SCHEDEXT_LEASE_GRACE": 2, "PC_MONGO_BATCH_DELAY": 0.05, "LOG_LEVEL": "INFO"}
+
+
+@pytest.fixture
+def cluster(redis_url: str, mongo_uri: str, prefix: str, mongo_db: str, tmp_path: Path,
+            request: pytest.FixtureRequest) -> Iterator[Any]:
+    """A LocalCluster on the session's services with this test's prefix and database; stopped afterwards.
+
+    If the test failed, the tail of every process log is printed to help the reader.
+    """
+    from product_crawl.cluster import LocalCluster
+
+    c = LocalCluster(redis_url=redis_url, mongo_uri=mongo_uri, mongo_db=mongo_db, prefix=prefix,
+                     log_dir=tmp_path / "logs", settings=dict(FAST_SETTINGS))
+    yield c
+    c.stop()
+    report = getattr(request.node, "rep_call", None)
+    if report is not None and report.failed:
+        for log in sorted((tmp_path / "logs").glob("*.log")):
+            print(f"----- {log.name} (tail) -----")
+            print("\n".join(log.read_text(errors="replace").splitlines()[-40:]))
+
+
+@pytest.hookimpl(tryfirst=True, hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    outcome = yield
+    rep = outcome.get_result()
+    setattr(item, f"rep_{rep.when}", rep)

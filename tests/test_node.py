@@ -1,0 +1,124 @@
+"""The crawl node (scrapy crawl search) as real processes against the simulated web, Redis and MongoDB."""
+
+from __future__ import annotations
+
+import json
+import pickle
+from typing import Any
+
+from conftest import FAST_PROFILE
+from product_crawl.cluster import LocalCluster, NodeSpec
+from product_crawl.simweb.corpus import corpus_size
+from scheduler_ext.models import Report, Subtask
+
+WORDS = ["光明", "高钙", "牛奶"]
+
+
+def subtask(sid: str, site: str = "good.example", first_page: int = 0, pages: int = 3, time_limit: float = 30,
+            **kw: Any) -> Subtask:
+    return Subtask(id=sid, task="t" + sid, group="光明高钙牛奶", site=site, first_page=first_page, page_limit=pages,
+                   time_limit=time_limit, payload={"engine": "baidu", "keywords": WORDS,
+                                                   "keywords_joined": "光明&高钙&牛奶", "product": "光明高钙牛奶"}, **kw)
+
+
+def push(cluster: LocalCluster, node: str, *entries: str | bytes) -> None:
+    for entry in entries:
+        cluster.redis.lpush(cluster.store.keys.crawl(node), entry)
+
+
+def reports(cluster: LocalCluster, which: str) -> list[dict[str, Any]]:
+    return [json.loads(r) for r in cluster.redis.lrange(getattr(cluster.store.keys, which), 0, -1)]
+
+
+def test_subtask_pushed_by_hand_is_crawled_stored_and_reported(cluster: LocalCluster) -> None:
+    cluster.start_simweb(FAST_PROFILE)
+    push(cluster, "node1", subtask("s1", pages=3).to_json())
+    proc = cluster.start_node(NodeSpec("node1", "127.0.0.2"), SCHEDEXT_IDLE_CLOSE=1)
+    assert proc.wait(60) == 0
+
+    [raw] = cluster.redis.lrange(cluster.store.keys.sleeping, 0, -1)
+    report = Report.from_json(raw)
+    total = corpus_size(WORDS, "good.example", 0, 40, 60)
+    assert report.outcome == "done" and report.node == "node1" and report.reported == total
+    assert report.offered == 30 and report.collected == 30 and report.pages == 3 and report.next_page == 3
+    assert report.ended >= report.started > 0
+    items = list(cluster.mongo[cluster.mongo_db]["items"].find({}, {"_id": 0}))
+    assert len(items) == 30
+    assert {i["subtask_id"] for i in items} == {"s1"} and {i["node_id"] for i in items} == {"node1"}
+    assert sorted(i["rank"] for i in items) == list(range(1, 31))
+    first = min(items, key=lambda i: i["rank"])
+    assert first["product"] == "光明高钙牛奶" and first["keywords"] == "光明&高钙&牛奶" and first["site"] == "good.example"
+    assert first["title"] and first["url"].startswith("http") and first["engine"] == "baidu" and first["page"] == 0
+    runs = cluster.redis.xrange(cluster.store.keys.runs)
+    assert len(runs) == 1 and json.loads(runs[0][1]["report"])["subtask"]["id"] == "s1"
+    agg = cluster.redis.hgetall(cluster.store.keys.agg_site_node("good.example", "node1"))
+    assert agg["runs"] == "1" and agg["collected"] == "30" and float(agg["completion"]) == 1.0
+    assert not cluster.redis.zcard(cluster.store.keys.leases)
+    node_stats = cluster.redis.hgetall(cluster.store.keys.stats("node", "node1"))
+    assert node_stats["item_scraped_count"] == "30"
+
+
+def test_partial_service_is_measured_as_completion(cluster: LocalCluster) -> None:
+    cluster.start_simweb(FAST_PROFILE)
+    push(cluster, "node2", subtask("h1", site="half.example", pages=4).to_json())
+    assert cluster.start_node(NodeSpec("node2", "127.0.0.3"), SCHEDEXT_IDLE_CLOSE=1).wait(60) == 0
+    report = Report.from_json(cluster.redis.lindex(cluster.store.keys.sleeping, 0))
+    assert report.offered == 40 and 8 <= report.collected <= 32  # about half of the 40 results served
+    assert cluster.items() == report.collected
+
+
+def test_pickle_in_crawl_queue_goes_to_failed_and_node_keeps_crawling(cluster: LocalCluster) -> None:
+    cluster.start_simweb(FAST_PROFILE)
+    push(cluster, "node1", pickle.dumps({"id": "evil", "cmd": "rm -rf /"}), b"not json at all",
+         subtask("ok1", pages=2).to_json())
+    assert cluster.start_node(NodeSpec("node1", "127.0.0.2"), SCHEDEXT_IDLE_CLOSE=1).wait(60) == 0
+    failed = reports(cluster, "failed")
+    assert len(failed) == 2 and all(f["malformed"] and "malformed subtask" in f["reason"] for f in failed)
+    assert [Report.from_json(r).subtask.id for r in cluster.redis.lrange(cluster.store.keys.sleeping, 0, -1)] == ["ok1"]
+    assert cluster.items() == 20
+
+
+def test_block_page_fails_the_subtask_with_a_reason(cluster: LocalCluster) -> None:
+    cluster.start_simweb(FAST_PROFILE)
+    push(cluster, "node1", subtask("b1", site="blocked.example", pages=2).to_json())
+    assert cluster.start_node(NodeSpec("node1", "127.0.0.2"), SCHEDEXT_IDLE_CLOSE=1).wait(60) == 0
+    [failure] = reports(cluster, "failed")
+    assert failure["outcome"] == "failed" and failure["reason"].startswith("blocked")
+    assert failure["subtask"]["id"] == "b1" and cluster.items() == 0
+
+
+def test_time_limit_ends_subtask_as_timeout_with_what_it_got(cluster: LocalCluster) -> None:
+    cluster.start_simweb(FAST_PROFILE)
+    # 0.8 s a page, one page at a time, 2 s allowed: a couple of pages, then the rest is dropped.
+    push(cluster, "node1", subtask("t1", site="slow.example", pages=8, time_limit=2.0).to_json())
+    node = cluster.start_node(NodeSpec("node1", "127.0.0.2"), SCHEDEXT_IDLE_CLOSE=1, CONCURRENT_REQUESTS=1)
+    assert node.wait(60) == 0
+    report = Report.from_json(cluster.redis.lindex(cluster.store.keys.sleeping, 0))
+    assert report.outcome == "timeout" and 1 <= report.pages < 8
+    assert report.next_page == report.pages  # pages are taken in order, so the next subtask resumes after them
+    assert cluster.items() == report.collected == 10 * report.pages
+
+
+def test_kill_9_mid_subtask_leaves_lease_and_recrawl_stores_no_duplicates(cluster: LocalCluster) -> None:
+    cluster.start_simweb(FAST_PROFILE)
+    st = subtask("k1", site="slow.example", pages=5)
+    push(cluster, "node1", st.to_json())
+    cluster.start_node(NodeSpec("node1", "127.0.0.2"), CONCURRENT_REQUESTS=1)
+    assert cluster.wait_for(lambda: cluster.items() >= 10, 60)
+    cluster.kill("node1")
+    keys = cluster.store.keys
+    # Not lost: still leased (recoverable by the control), never reported.
+    assert cluster.redis.zscore(keys.leases, "k1") is not None
+    assert json.loads(cluster.redis.hget(keys.lease_info, "k1"))["node"] == "node1"
+    assert not cluster.redis.llen(keys.sleeping) and not cluster.redis.llen(keys.failed)
+    total = min(50, corpus_size(WORDS, "slow.example", 0, 40, 60))  # 5 pages of the query's results
+    before = cluster.items()
+    assert 10 <= before < total
+    # Crawl it again on another node (what a recall does): every result stored once.
+    push(cluster, "node3", st.to_json())
+    assert cluster.start_node(NodeSpec("node3", "127.0.0.4"), SCHEDEXT_IDLE_CLOSE=1).wait(90) == 0
+    assert cluster.items() == total
+    coll = cluster.mongo[cluster.mongo_db]["items"]
+    assert len(coll.distinct("fingerprint")) == total
+    # The first node's lease was replaced by the second's take; its late finish would be refused by the token.
+    assert Report.from_json(cluster.redis.lindex(keys.sleeping, 0)).node == "node3"

@@ -1,0 +1,440 @@
+"""Tests of scheduler_ext.strategies: the allocation contract on every implementation, the paper's allocation,
+modification and recall rules, and loading strategies by dotted path.
+
+The estimates are an in-memory fake: these are pure decisions on numbers, which no Redis behaviour can change
+(the aggregates that feed the real estimates are tested in test_store.py).
+"""
+
+from __future__ import annotations
+
+import doctest
+import random
+from collections import Counter
+from typing import Any
+
+import pytest
+from scrapy.utils.test import get_crawler
+
+from scheduler_ext.exceptions import ConfigurationError
+from scheduler_ext.models import Report, Subtask
+from scheduler_ext.strategies import (
+    Allocation,
+    Estimate,
+    Modification,
+    NodeView,
+    Recall,
+    RecallDecision,
+    load_strategy,
+)
+from scheduler_ext.strategies import modification as modification_module
+from scheduler_ext.strategies.allocation import DynamicAllocation, RoundRobinAllocation, SharedAllocation
+from scheduler_ext.strategies.modification import DynamicModification, FixedModification
+from scheduler_ext.strategies.recall import DynamicRecall, NoRecall
+
+NOW = 10_000.0
+
+
+class FakeEstimates:
+    """Estimates from two dicts: (site, node) -> completion and (group, site, node) -> seconds per page."""
+
+    def __init__(self) -> None:
+        self.c: dict[tuple[str, str], Estimate] = {}
+        self.s: dict[tuple[str, str, str], Estimate] = {}
+
+    def set(self, site: str, node: str, completion: float, spp: float, *, group: str = "g", runs: int = 5,
+            last_run: float = NOW - 1) -> FakeEstimates:
+        self.c[(site, node)] = Estimate(completion, runs, last_run)
+        self.s[(group, site, node)] = Estimate(spp, runs, last_run)
+        return self
+
+    def completion(self, site: str, node: str) -> Estimate | None:
+        return self.c.get((site, node))
+
+    def seconds_per_page(self, group: str, site: str, node: str) -> Estimate | None:
+        return self.s.get((group, site, node))
+
+
+class RefusingEstimates:
+    """For strategies that must not look at estimates."""
+
+    def completion(self, site: str, node: str) -> Estimate | None:
+        raise AssertionError("estimates read")
+
+    def seconds_per_page(self, group: str, site: str, node: str) -> Estimate | None:
+        raise AssertionError("estimates read")
+
+
+def st(sid: str, *, task: str | None = None, site: str = "a.com", type: int = 0, since: float = NOW,
+       avoid: list[str] | None = None, group: str = "g") -> Subtask:
+    return Subtask(id=sid, task=task or "t" + sid, site=site, first_page=0, page_limit=5, time_limit=30.0,
+                   group=group, type=type, since=since, avoid=avoid or [])
+
+
+def node(nid: str, free: int = 1, types: tuple[int, ...] = (0,)) -> NodeView:
+    return NodeView(id=nid, types=list(types), free=free)
+
+
+def assigned(result: list[tuple[Subtask, str]]) -> dict[str, str]:
+    return {s.id: n for s, n in result}
+
+
+# --- the allocation contract, on every implementation --------------------------------------------------------
+
+ALLOCATIONS = [DynamicAllocation, SharedAllocation, RoundRobinAllocation]
+
+
+def _scenario(seed: int) -> tuple[list[Subtask], list[NodeView], FakeEstimates]:
+    rng = random.Random(seed)
+    sites = ["a.com", "b.com", "c.com"]
+    nodes = [NodeView(id=f"n{i}", types=rng.choice([[0], [1], [0, 1]]), free=rng.randint(0, 3))
+             for i in range(rng.randint(1, 6))]
+    est = FakeEstimates()
+    for site in sites:
+        for n in nodes:
+            if rng.random() < 0.7:
+                est.set(site, n.id, rng.random(), rng.uniform(0.1, 5.0), last_run=NOW - rng.uniform(0, 900))
+    subtasks = [st(f"s{i}", task=f"t{rng.randint(0, 4)}", site=rng.choice(sites), type=rng.randint(0, 1),
+                   since=NOW - rng.uniform(0, 60),
+                   avoid=[n.id for n in nodes if rng.random() < 0.2])
+                for i in range(rng.randint(0, 15))]
+    return subtasks, nodes, est
+
+
+@pytest.mark.parametrize("cls", ALLOCATIONS)
+@pytest.mark.parametrize("seed", range(40))
+def test_allocation_contract(cls: type[Allocation], seed: int) -> None:
+    subtasks, nodes, est = _scenario(seed)
+    strategy = cls()
+    for tick in range(3):  # strategies may keep state between ticks
+        result = strategy.allocate(subtasks, nodes, est, NOW + tick)
+        by_id = {n.id: n for n in nodes}
+        given = {s.id for s in subtasks}
+        ids = [s.id for s, _ in result]
+        assert len(ids) == len(set(ids)), "a subtask assigned twice"
+        assert set(ids) <= given
+        for s, nid in result:
+            assert nid in by_id, "assigned to a node that is not live"
+            assert s.type in by_id[nid].types, "assigned to a node of another type"
+        for nid, count in Counter(nid for _, nid in result).items():
+            assert count <= by_id[nid].free, f"{nid} got {count} > free {by_id[nid].free}"
+
+
+@pytest.mark.parametrize("cls", ALLOCATIONS)
+def test_allocation_empty_inputs(cls: type[Allocation]) -> None:
+    est = FakeEstimates().set("a.com", "n1", 1.0, 1.0)
+    assert cls().allocate([], [node("n1", 2)], est, NOW) == []
+    assert cls().allocate([st("s1")], [], est, NOW) == []
+    assert cls().allocate([st("s1")], [node("n1", 0)], est, NOW) == []
+    assert cls().allocate([st("s1", type=1)], [node("n1", 2, types=(0,))], est, NOW) == []
+
+
+@pytest.mark.parametrize("cls", ALLOCATIONS)
+def test_allocation_uses_free_capacity(cls: type[Allocation]) -> None:
+    # A task per subtask, one node with room for all: every implementation gives it all (nothing better exists).
+    est = FakeEstimates().set("a.com", "n1", 1.0, 1.0)
+    result = cls().allocate([st("s1"), st("s2"), st("s3")], [node("n1", 3)], est, NOW)
+    assert sorted(assigned(result).items()) == [("s1", "n1"), ("s2", "n1"), ("s3", "n1")]
+
+
+# --- DynamicAllocation -----------------------------------------------------------------------------------------
+
+def test_dynamic_prefers_higher_rate_not_higher_completion() -> None:
+    # n1: 0.5 results/page at 0.5 s/page = 1.0 results/s; n2: 0.9 at 1.5 s/page = 0.6 results/s.
+    est = FakeEstimates().set("a.com", "n1", 0.5, 0.5).set("a.com", "n2", 0.9, 1.5)
+    assert assigned(DynamicAllocation().allocate([st("s1")], [node("n2"), node("n1")], est, NOW)) == {"s1": "n1"}
+    est.set("a.com", "n1", 0.5, 1.0)  # now 0.5 results/s: n2 is better
+    assert assigned(DynamicAllocation().allocate([st("s1")], [node("n2"), node("n1")], est, NOW)) == {"s1": "n2"}
+
+
+def test_dynamic_fills_the_best_node_first_then_the_next() -> None:
+    est = FakeEstimates().set("a.com", "n1", 0.9, 1.0).set("a.com", "n2", 0.8, 1.0)
+    result = DynamicAllocation().allocate([st("s1"), st("s2"), st("s3")], [node("n2"), node("n1")], est, NOW)
+    assert assigned(result) == {"s1": "n1", "s2": "n2"}
+
+
+def test_dynamic_explores_an_unexplored_pair_once() -> None:
+    est = FakeEstimates().set("a.com", "n1", 0.9, 1.0)  # n2 never ran on a.com
+    alloc = DynamicAllocation(explore_timeout=60.0)
+    first = assigned(alloc.allocate([st("s1"), st("s2")], [node("n1"), node("n2")], est, NOW))
+    assert first == {"s1": "n2", "s2": "n1"}  # exploration goes first, in priority order
+    # The exploration is in flight: n2 is free again but gets no second a.com subtask ...
+    second = assigned(alloc.allocate([st("s3"), st("s4")], [node("n1", 0), node("n2")], est, NOW + 5))
+    assert second == {}
+    # ... though it is explored on another site,
+    third = assigned(alloc.allocate([st("s5", site="b.com")], [node("n1", 0), node("n2")], est, NOW + 6))
+    assert third == {"s5": "n2"}
+    # and explored again if the first exploration never reported back within the timeout.
+    fourth = assigned(alloc.allocate([st("s6")], [node("n1", 0), node("n2")], est, NOW + 61))
+    assert fourth == {"s6": "n2"}
+
+
+def test_dynamic_explores_when_runs_are_below_explore_runs() -> None:
+    est = FakeEstimates().set("a.com", "n1", 0.9, 1.0).set("a.com", "n2", 0.01, 1.0, runs=1)
+    busy_best = [node("n1", 0), node("n2")]
+    assert assigned(DynamicAllocation(explore_runs=2).allocate([st("s1")], busy_best, est, NOW)) == {"s1": "n2"}
+    assert assigned(DynamicAllocation(explore_runs=1).allocate([st("s1")], busy_best, est, NOW)) == {}
+
+
+def test_dynamic_excludes_a_node_slower_than_slow_factor_times_the_best() -> None:
+    aged = NOW - 1000  # past patience: late binding does not hold it back, only the exclusion rule can
+    est = FakeEstimates().set("a.com", "n1", 0.3, 1.0).set("a.com", "n2", 1.0, 3.5)
+    nodes = [node("n1", 0), node("n2")]
+    assert assigned(DynamicAllocation(slow_factor=3.0).allocate([st("s1", since=aged)], nodes, est, NOW)) == {}
+    est.set("a.com", "n2", 1.0, 2.9)
+    assert assigned(DynamicAllocation(slow_factor=3.0).allocate([st("s1", since=aged)], nodes, est, NOW)) == \
+        {"s1": "n2"}
+
+
+def test_dynamic_slow_rule_is_per_group() -> None:
+    aged = NOW - 1000
+    est = (FakeEstimates().set("a.com", "n1", 0.3, 1.0, group="milk").set("a.com", "n2", 1.0, 3.5, group="milk")
+           .set("a.com", "n1", 0.3, 3.0, group="tea").set("a.com", "n2", 1.0, 3.5, group="tea"))
+    nodes = [node("n1", 0), node("n2")]
+    alloc = DynamicAllocation(slow_factor=3.0)
+    result = alloc.allocate([st("s1", since=aged, group="milk"), st("s2", since=aged, group="tea")], nodes, est, NOW)
+    assert assigned(result) == {"s2": "n2"}
+
+
+def test_dynamic_late_binding_waits_for_a_better_busy_node_until_patience() -> None:
+    # n1 (busy) earns 1.0 results/s, n2 (free) 0.5: below 0.6 x the best.
+    est = FakeEstimates().set("a.com", "n1", 1.0, 1.0).set("a.com", "n2", 0.5, 1.0)
+    nodes = [node("n1", 0), node("n2")]
+    alloc = DynamicAllocation(rate_floor=0.6, patience=30.0)
+    assert assigned(alloc.allocate([st("s1", since=NOW - 29)], nodes, est, NOW)) == {}
+    assert assigned(alloc.allocate([st("s1", since=NOW - 30)], nodes, est, NOW)) == {"s1": "n2"}
+    est.set("a.com", "n2", 0.7, 1.0)  # above the floor: no need to wait
+    assert assigned(alloc.allocate([st("s1", since=NOW)], nodes, est, NOW)) == {"s1": "n2"}
+
+
+def test_dynamic_aged_subtasks_are_matched_first() -> None:
+    est = FakeEstimates().set("a.com", "n1", 1.0, 1.0).set("b.com", "n1", 0.2, 1.0).set("b.com", "n2", 0.2, 1.0)
+    # s1 (a.com) pays better on n1, but s2 (b.com) has waited past patience: it gets n1's only slot.
+    result = DynamicAllocation(patience=30.0).allocate(
+        [st("s1"), st("s2", site="b.com", since=NOW - 100)], [node("n1"), node("n2", 0)], est, NOW)
+    assert assigned(result) == {"s2": "n1"}
+
+
+def test_dynamic_avoids_the_node_a_subtask_failed_on() -> None:
+    est = FakeEstimates().set("a.com", "n1", 1.0, 1.0).set("a.com", "n2", 0.7, 1.0)
+    alloc = DynamicAllocation()
+    assert assigned(alloc.allocate([st("s1", avoid=["n1"])], [node("n1"), node("n2")], est, NOW)) == {"s1": "n2"}
+    # Another node is alive but busy: the subtask waits rather than go back to the node it failed on.
+    assert assigned(alloc.allocate([st("s1", avoid=["n1"])], [node("n1"), node("n2", 0)], est, NOW)) == {}
+    # No other node alive (of its type): the avoided node will do.
+    nodes = [node("n1"), node("n3", types=(1,))]
+    assert assigned(alloc.allocate([st("s1", avoid=["n1"])], nodes, est, NOW)) == {"s1": "n1"}
+
+
+def test_dynamic_does_not_explore_an_avoided_node() -> None:
+    est = FakeEstimates().set("a.com", "n2", 0.9, 1.0)  # n1 unexplored, but the subtask just failed on it
+    result = DynamicAllocation().allocate([st("s1", avoid=["n1"])], [node("n1"), node("n2", 0)], est, NOW)
+    assert assigned(result) == {}
+
+
+def test_dynamic_explores_stale_estimates_again() -> None:
+    # n2 was bad on a.com long ago: with a fresh estimate it waits for n1, with a stale one it is measured again.
+    nodes = [node("n1", 0), node("n2")]
+    fresh = FakeEstimates().set("a.com", "n1", 1.0, 1.0).set("a.com", "n2", 0.1, 1.0, last_run=NOW - 599)
+    assert assigned(DynamicAllocation(stale_after=600.0).allocate([st("s1")], nodes, fresh, NOW)) == {}
+    stale = FakeEstimates().set("a.com", "n1", 1.0, 1.0).set("a.com", "n2", 0.1, 1.0, last_run=NOW - 601)
+    assert assigned(DynamicAllocation(stale_after=600.0).allocate([st("s1")], nodes, stale, NOW)) == {"s1": "n2"}
+
+
+def test_dynamic_only_nodes_of_the_subtask_type() -> None:
+    est = FakeEstimates().set("a.com", "n0", 1.0, 1.0).set("a.com", "n1", 0.9, 1.0)
+    result = DynamicAllocation().allocate([st("s1", type=1), st("s2", type=0)],
+                                          [node("n0", 2, types=(0,)), node("n1", 2, types=(1,))], est, NOW)
+    assert assigned(result) == {"s1": "n1", "s2": "n0"}
+
+
+# --- baselines -------------------------------------------------------------------------------------------------
+
+def test_shared_is_fifo_and_ignores_estimates() -> None:
+    subtasks = [st("s1"), st("s2"), st("s3"), st("s4")]
+    result = SharedAllocation().allocate(subtasks, [node("n1", 1), node("n2", 1)], RefusingEstimates(), NOW)
+    assert sorted(assigned(result)) == ["s1", "s2"]
+    assert sorted(assigned(result).values()) == ["n1", "n2"]
+
+
+def test_shared_skips_subtasks_no_free_node_can_take_but_keeps_order() -> None:
+    subtasks = [st("s1", type=1), st("s2"), st("s3")]
+    result = SharedAllocation().allocate(subtasks, [node("n1", 1, types=(0,))], RefusingEstimates(), NOW)
+    assert assigned(result) == {"s2": "n1"}
+
+
+def test_round_robin_keeps_a_task_on_one_node() -> None:
+    nodes = [node("n1", 50), node("n2", 50), node("n3", 50)]
+    subtasks = [st(f"s{t}-{i}", task=f"task{t}") for t in range(12) for i in range(3)]
+    alloc = RoundRobinAllocation()
+    first = assigned(alloc.allocate(subtasks, nodes, RefusingEstimates(), NOW))
+    assert len(first) == len(subtasks)
+    home = {}
+    for s in subtasks:
+        assert home.setdefault(s.task, first[s.id]) == first[s.id]
+    assert len(set(home.values())) > 1  # tasks are spread over the nodes
+    later = assigned(alloc.allocate([st("x", task="task0")], list(reversed(nodes)), RefusingEstimates(), NOW))
+    assert later == {"x": home["task0"]}
+
+
+def test_round_robin_waits_if_the_task_node_is_full() -> None:
+    nodes = [node("n1", 5), node("n2", 5)]
+    home = assigned(RoundRobinAllocation().allocate([st("s1", task="T")], nodes, RefusingEstimates(), NOW))["s1"]
+    full = [node(n.id, 0 if n.id == home else 5) for n in nodes]
+    assert RoundRobinAllocation().allocate([st("s2", task="T")], full, RefusingEstimates(), NOW) == []
+    one = [node(n.id, 1) for n in nodes]
+    result = RoundRobinAllocation().allocate([st("s3", task="T"), st("s4", task="T")], one, RefusingEstimates(), NOW)
+    assert assigned(result) == {"s3": home}
+
+
+# --- modification ----------------------------------------------------------------------------------------------
+
+def test_modification_doctests() -> None:
+    result = doctest.testmod(modification_module)
+    assert result.attempted >= 3
+    assert result.failed == 0
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "completion", "spp", "expected"),
+    [
+        ({}, 0.1, 0.5, (1, 5.0)),  # low completion -> fewer pages; time limit at its minimum
+        ({}, 0.3, 0.5, (3, 5.0)),
+        ({}, 0.5, 1.0, (5, 10.0)),
+        ({}, 1.0, 1.0, (10, 20.0)),  # high completion -> more pages
+        ({}, 1.0, 0.1, (10, 5.0)),  # fast pages -> short limit (clamped to the minimum)
+        ({}, 1.7, 1.0, (10, 20.0)),  # completion is clamped to [0, 1]
+        ({}, -0.2, 1.0, (1, 5.0)),
+        ({}, 0.0, 1.0, (1, 5.0)),  # never below the minimum page count
+        ({}, None, 1.0, (5, 10.0)),  # no completion yet: taken as 0.5
+        ({}, 0.8, None, (8, 30.0)),  # no speed yet: the default time limit, within the budget
+        ({}, 0.8, 0.0, (8, 30.0)),
+        ({"default_time": 100.0}, 0.8, None, (8, 30.0)),  # ... never above half the recall threshold
+        ({}, 1.0, 4.0, (3, 24.0)),  # slow pages: as many as fit into half the recall threshold
+        ({}, 1.0, 4.1, (3, 24.6)),  # 30 / 8.2 = 3.66 pages fit: rounded down
+        ({}, 1.0, 20.0, (1, 30.0)),  # nothing fits: one page, the limit clamped to the budget
+        ({"base_pages": 15}, 1.0, 0.1, (20, 5.0)),  # bounded by the maximum page count
+        ({"min_pages": 2}, 0.1, 0.5, (2, 5.0)),  # bounded by the minimum page count
+        ({"recall_threshold": 600.0}, 1.0, 10.0, (10, 120.0)),  # time limit bounded by its maximum
+        ({"min_time": 1.0}, 1.0, 0.1, (10, 2.0)),
+    ],
+)
+def test_modification_limits(kwargs: dict[str, Any], completion: float | None, spp: float | None,
+                             expected: tuple[int, float]) -> None:
+    assert DynamicModification(**kwargs).limits(completion, spp) == expected
+
+
+def test_modification_limits_properties() -> None:
+    mod = DynamicModification()
+    for spp in (0.05, 0.2, 0.5, 1.0, 2.0, 3.0, 5.0, 7.5, 15.0):
+        previous = 0
+        for completion in (0.0, 0.1, 0.2, 0.35, 0.5, 0.65, 0.8, 0.95, 1.0):
+            pages, limit = mod.limits(completion, spp)
+            assert mod.min_pages <= pages <= mod.max_pages
+            assert pages >= previous, "more completion must never mean fewer pages"
+            previous = pages
+            assert mod.min_time <= limit <= min(mod.max_time, 30.0)
+            assert pages * spp * mod.safety <= 30.0 + 1e-9, "expected duration over half the recall threshold"
+            assert limit >= min(pages * spp * mod.safety, 30.0) - 1e-9, "limit shorter than the expected duration"
+
+
+def _report(**over: Any) -> Report:
+    fields: dict[str, Any] = dict(subtask=st("s1"), node="n1", outcome="done", offered=10, collected=10, pages=5,
+                                  started=100.0, ended=105.0)
+    fields.update(over)
+    return Report(**fields)
+
+
+def test_next_limits_falls_back_to_the_report_own_figures() -> None:
+    mod = DynamicModification()
+    # 10/10 collected, 1 s a page -> limits(1.0, 1.0)
+    assert mod.next_limits(_report(), FakeEstimates()) == (10, 20.0)
+    # 1/10 collected -> limits(0.1, 1.0)
+    assert mod.next_limits(_report(collected=1), FakeEstimates()) == (1, 5.0)
+    # nothing offered, nothing crawled -> limits(None, None)
+    assert mod.next_limits(_report(offered=0, collected=0, pages=0), FakeEstimates()) == (5, 30.0)
+    # estimates of another node do not count
+    other = FakeEstimates().set("a.com", "n2", 0.1, 4.0)
+    assert mod.next_limits(_report(), other) == (10, 20.0)
+
+
+def test_next_limits_prefers_the_estimates_of_the_node_that_ran_it() -> None:
+    est = FakeEstimates().set("a.com", "n1", 1.0, 4.0)
+    assert DynamicModification().next_limits(_report(), est) == (3, 24.0)
+
+
+def test_fixed_modification_is_constant() -> None:
+    mod = FixedModification(page_limit=7, time_limit=12.5)
+    est = FakeEstimates().set("a.com", "n1", 0.1, 9.0)
+    assert mod.next_limits(_report(), est) == (7, 12.5)
+    assert mod.next_limits(_report(collected=0, pages=0), FakeEstimates()) == (7, 12.5)
+
+
+# --- recall ----------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("failed", [True, False])
+@pytest.mark.parametrize("max_recalls", [1, 2, 5])
+def test_dynamic_recall_runs_a_subtask_exactly_max_times(max_recalls: int, failed: bool) -> None:
+    recall = DynamicRecall(threshold=60.0, max_recalls=max_recalls)
+    subtask, executions = st("s1"), 0
+    while True:
+        executions += 1
+        decision = recall.decide(subtask, "n1", "blocked", failed=failed)
+        if decision is RecallDecision.DEAD:
+            break
+        assert decision is RecallDecision.REQUEUE
+        subtask = Subtask(**{**subtask.__dict__, "attempt": subtask.attempt + 1})
+        assert executions < 100
+    assert executions == max_recalls
+
+
+def test_dynamic_recall_boundary() -> None:
+    recall = DynamicRecall(max_recalls=5)
+    assert recall.decide(st("s1"), "n1", "x", failed=True) is RecallDecision.REQUEUE
+    assert recall.decide(Subtask(**{**st("s1").__dict__, "attempt": 3}), "n1", "x", failed=True) \
+        is RecallDecision.REQUEUE
+    assert recall.decide(Subtask(**{**st("s1").__dict__, "attempt": 4}), None, "x", failed=False) \
+        is RecallDecision.DEAD
+
+
+@pytest.mark.parametrize("attempt", [0, 4, 50])
+def test_no_recall(attempt: int) -> None:
+    recall = NoRecall()
+    subtask = Subtask(**{**st("s1").__dict__, "attempt": attempt})
+    assert recall.decide(subtask, "n1", "blocked", failed=True) is RecallDecision.ABANDON
+    assert recall.decide(subtask, "n1", "lease lapsed", failed=False) is RecallDecision.KEEP
+    assert recall.decide(subtask, None, "node lapsed", failed=False) is RecallDecision.KEEP
+
+
+# --- load_strategy ---------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("path", ["no_such_module.Allocation", "scheduler_ext.strategies.allocation.NoSuchClass",
+                                  "nodots"])
+def test_load_strategy_bad_path_names_the_setting(path: str) -> None:
+    crawler = get_crawler(settings_dict={"SCHEDEXT_ALLOCATION": path})
+    with pytest.raises(ConfigurationError, match=rf"^SCHEDEXT_ALLOCATION: cannot load strategy '{path}'"):
+        load_strategy(crawler, "SCHEDEXT_ALLOCATION", Allocation)
+
+
+def test_load_strategy_refuses_the_wrong_kind() -> None:
+    crawler = get_crawler(settings_dict={"SCHEDEXT_RECALL": "scheduler_ext.strategies.allocation.SharedAllocation"})
+    with pytest.raises(ConfigurationError, match="^SCHEDEXT_RECALL: .*SharedAllocation.* is not a Recall strategy"):
+        load_strategy(crawler, "SCHEDEXT_RECALL", Recall)
+
+
+def test_load_strategy_builds_defaults_and_reads_settings() -> None:
+    crawler = get_crawler(settings_dict={"SCHEDEXT_SLOW_FACTOR": 5, "SCHEDEXT_RECALL_MAX": 3,
+                                         "SCHEDEXT_RECALL_THRESHOLD": 90, "SCHEDEXT_PAGE_LIMIT": 8})
+    alloc = load_strategy(crawler, "SCHEDEXT_ALLOCATION", Allocation)
+    assert isinstance(alloc, DynamicAllocation) and alloc.slow_factor == 5.0 and alloc.explore_timeout == 90.0
+    recall = load_strategy(crawler, "SCHEDEXT_RECALL", Recall)
+    assert isinstance(recall, DynamicRecall) and (recall.threshold, recall.max_recalls) == (90.0, 3)
+    mod = load_strategy(crawler, "SCHEDEXT_MODIFICATION", Modification)
+    assert isinstance(mod, DynamicModification) and mod.base_pages == 8 and mod.budget == 45.0
+    crawler = get_crawler(settings_dict={
+        "SCHEDEXT_ALLOCATION": "scheduler_ext.strategies.allocation.SharedAllocation",
+        "SCHEDEXT_MODIFICATION": "scheduler_ext.strategies.modification.FixedModification",
+        "SCHEDEXT_RECALL": "scheduler_ext.strategies.recall.NoRecall"})
+    assert isinstance(load_strategy(crawler, "SCHEDEXT_ALLOCATION", Allocation), SharedAllocation)
+    assert isinstance(load_strategy(crawler, "SCHEDEXT_MODIFICATION", Modification), FixedModification)
+    assert isinstance(load_strategy(crawler, "SCHEDEXT_RECALL", Recall), NoRecall)
+
