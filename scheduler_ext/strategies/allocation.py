@@ -20,7 +20,8 @@ waiting subtasks in priority order:
 
 Baselines: :class:`SharedAllocation` (any free node takes the next subtask in FIFO order, as with one shared
 scrapy-redis queue) and :class:`RoundRobinAllocation` (static: a task's subtasks always go to one node, chosen by
-task id). The oracle baseline, which is told the truth, lives with the simulated web that knows it.
+task id). Every strategy honours ``avoid`` (the nodes a recalled subtask failed on) when another node is alive:
+that is part of what a recall means, not of how a strategy ranks nodes. The oracle baseline, which is told the truth, lives with the simulated web that knows it.
 """
 
 from __future__ import annotations
@@ -124,10 +125,9 @@ class SharedAllocation(Allocation):
     def allocate(self, subtasks: Sequence[Subtask], nodes: Sequence[NodeView], estimates: Estimates,
                  now: float) -> list[tuple[Subtask, str]]:
         free = {n.id: n.free for n in nodes if n.free > 0}
-        order = [n for n in nodes if n.id in free]
         result = []
         for st in subtasks:
-            typed = [n for n in order if st.type in n.types and free[n.id] > 0]
+            typed = [n for n in _candidates(st, nodes) if free.get(n.id, 0) > 0]
             if not typed:
                 continue
             self._turn += 1
@@ -148,7 +148,9 @@ class RoundRobinAllocation(Allocation):
             typed = sorted((n for n in nodes if st.type in n.types), key=lambda n: n.id)
             if not typed:
                 continue
-            node = typed[zlib.crc32(st.task.encode()) % len(typed)]
+            home = zlib.crc32(st.task.encode()) % len(typed)
+            ring = typed[home:] + typed[:home]
+            node = next((n for n in ring if n.id not in st.avoid), ring[0])  # its home, unless it failed there
             if free[node.id] > 0:
                 free[node.id] -= 1
                 result.append((st, node.id))

@@ -1,0 +1,229 @@
+"""The control loop in-process against a real Redis: each tick's decisions and their atomicity.
+
+Nodes are played by the store's own node operations (take, finish, heartbeat), so every step is deterministic.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+import redis as redis_lib
+
+from product_crawl.tasks import splitter
+from scheduler_ext.control import Control
+from scheduler_ext.keys import Keys
+from scheduler_ext.models import Report, Subtask
+from scheduler_ext.store import Store
+from scheduler_ext.strategies.allocation import DynamicAllocation, SharedAllocation
+from scheduler_ext.strategies.modification import DynamicModification, FixedModification
+from scheduler_ext.strategies.recall import DynamicRecall, NoRecall
+
+NODE_INFO = {"type": [0, 1], "prefetch": 1, "capacity": 1, "address": None}
+
+
+def make_control(store: Store, name: str = "c1", *, recall: Any = None, allocation: Any = None,
+                 modification: Any = None) -> Control:
+    return Control(store, splitter=splitter, allocation=allocation or SharedAllocation(),
+                   modification=modification or FixedModification(3, 20.0),
+                   recall=recall or DynamicRecall(threshold=30, max_recalls=3), control_id=name, page_limit=3,
+                   time_limit=20.0, leader_ttl=5)
+
+
+@pytest.fixture
+def store(redis: redis_lib.Redis, prefix: str) -> Store:
+    return Store(redis, Keys(prefix))
+
+
+def inject(store: Store, *tasks: dict[str, Any] | str) -> None:
+    for t in tasks:
+        store.redis.lpush(store.keys.virtual, t if isinstance(t, str) else json.dumps(t, ensure_ascii=False))
+
+
+def take(store: Store, node: str) -> tuple[Subtask, str, float]:
+    got = store.take(node, lease_ttl=30, grace=5)
+    assert got is not None, f"nothing in {node}'s crawl queue"
+    raw, token, started = got
+    return Subtask.from_json(raw), token, started
+
+
+def finish(store: Store, node: str, st: Subtask, token: str, *, ok: bool = True, collected: int = 30,
+           exhausted: bool = False, reason: str = "") -> bool:
+    report = Report(subtask=st, node=node, outcome="done" if ok else "failed", reason=reason, reported=200,
+                    offered=30 if ok else 0, collected=collected if ok else 0, pages=st.page_limit if ok else 0,
+                    next_page=st.first_page + st.page_limit, exhausted=exhausted, total_pages=20,
+                    started=store.now() - 3, ended=store.now())
+    return store.finish(st.id, token, report.to_json(), node=node, site=st.site, group=st.group,
+                        offered=report.offered, collected=report.collected, pages=report.pages,
+                        seconds=report.seconds, ok=ok, alpha=0.3, runs_maxlen=1000)
+
+
+def test_split_creates_tasks_and_first_subtasks_in_fifo_order(store: Store) -> None:
+    inject(store, {"name": "光明高钙牛奶", "sites": ["a.com", "b.com"]}, {"name": "特仑苏", "brand": "蒙牛", "sites": ["a.com"]})
+    result = make_control(store).tick()
+    assert result.leader and result.split == 2
+    k = store.keys
+    assert store.redis.llen(k.virtual) == 0 and store.redis.hlen(k.tasks) == 3
+    waiting = [Subtask.from_json(store.redis.hget(k.subtasks, sid)) for sid in store.redis.zrange(k.waiting, 0, -1)]
+    assert [(s.group, s.site) for s in waiting] == [("光明高钙牛奶", "a.com"), ("光明高钙牛奶", "b.com"), ("特仑苏", "a.com")]
+    assert all(s.first_page == 0 and s.page_limit == 3 and s.time_limit == 20.0 for s in waiting)
+    assert waiting[2].payload["keywords"] == ["蒙牛", "特仑苏"]
+
+
+def test_malformed_raw_virtual_task_goes_to_dead_letter_with_reason(store: Store) -> None:
+    inject(store, '{"name": ""}', "\x80\x04not json", {"name": "ok", "sites": ["a.com"]})
+    result = make_control(store).tick()
+    assert result.split == 1 and result.dead == 2
+    dead = [json.loads(v) for v in store.redis.hvals(store.keys.dead)]
+    reasons = sorted(d["reason"] for d in dead)
+    assert any("name" in r for r in reasons) and any("JSON" in r for r in reasons)
+    assert all(d["kind"] == "virtual" and d["raw"] for d in dead)
+    assert store.redis.llen(store.keys.virtual) == 0
+
+
+def test_allocation_respects_prefetch_and_type(store: Store) -> None:
+    inject(store, {"name": "p", "sites": ["a.com", "b.com", "c.com"]})
+    store.heartbeat("n0", {**NODE_INFO, "type": [0]}, 30, [])
+    store.heartbeat("n1", {**NODE_INFO, "type": [1]}, 30, [])
+    result = make_control(store).tick()
+    k = store.keys
+    assert result.allocated == 1  # prefetch 1 on the only type-0 node
+    assert store.redis.llen(k.crawl("n0")) == 1 and store.redis.llen(k.crawl("n1")) == 0
+    assert store.redis.zcard(k.waiting) == 2 and store.redis.zcard(k.queued) == 1
+
+
+def test_report_modifies_and_queues_the_next_subtask_until_the_task_is_done(store: Store) -> None:
+    inject(store, {"name": "p", "sites": ["a.com"]})
+    store.heartbeat("n1", NODE_INFO, 30, [])
+    control = make_control(store, modification=DynamicModification(base_pages=3, recall_threshold=60))
+    control.tick()
+    st, token, _ = take(store, "n1")
+    assert finish(store, "n1", st, token, collected=30)
+    control.tick()
+    k = store.keys
+    [nxt_raw] = store.redis.lrange(k.crawl("n1"), 0, -1)
+    nxt = Subtask.from_json(nxt_raw)
+    assert nxt.first_page == 3 and nxt.task == st.task and nxt.prev_node == "n1"
+    assert nxt.page_limit == 6  # full completion: twice the base page count
+    assert store.redis.hget(k.node_counters("n1"), "modified") == "1"
+    task = json.loads(store.redis.hget(k.tasks, st.task))
+    assert task["next_page"] == 3 and task["collected"] == 30 and task["total_pages"] == 20
+    st2, token2, _ = take(store, "n1")
+    assert finish(store, "n1", st2, token2, exhausted=True)
+    control.tick()
+    assert json.loads(store.redis.hget(k.tasks, st.task))["done"] is True
+    assert store.redis.zcard(k.waiting) == 0 and store.redis.llen(k.crawl("n1")) == 0
+    assert store.redis.hget(k.progress, "p|done") == "1"
+
+
+def test_failure_is_recalled_avoiding_the_node_then_dead_lettered_at_the_maximum(store: Store) -> None:
+    inject(store, {"name": "p", "sites": ["a.com"]})
+    for n in ("n1", "n2"):
+        store.heartbeat(n, NODE_INFO, 30, [])
+    control = make_control(store, recall=DynamicRecall(threshold=30, max_recalls=3))
+    k = store.keys
+    control.tick()
+    nodes_tried = []
+    for attempt in range(3):
+        node = next(n for n in ("n1", "n2") if store.redis.llen(k.crawl(n)))
+        nodes_tried.append(node)
+        st, token, _ = take(store, node)
+        assert st.attempt == attempt
+        assert finish(store, node, st, token, ok=False, reason="blocked")
+        control.tick()
+    assert nodes_tried[1] != nodes_tried[0]  # a recalled subtask avoids the node it failed on
+    [entry] = [json.loads(v) for v in store.redis.hvals(k.dead)]
+    assert entry["attempts"] == 3 and entry["last_node"] == nodes_tried[-1] and "blocked" in entry["reason"]
+    assert entry["subtask"]["id"] == st.id
+    recalled = sum(int(store.redis.hget(k.node_counters(n), "recalled") or 0) for n in ("n1", "n2"))
+    assert recalled == 3 and store.redis.xlen(k.runs) == 3
+    assert store.redis.zcard(k.waiting) == 0 and not store.redis.hexists(k.subtasks, st.id)
+
+
+def test_lapsed_lease_is_recalled_once_even_with_two_controls(store: Store) -> None:
+    inject(store, {"name": "p", "sites": ["a.com"]})
+    store.heartbeat("n1", NODE_INFO, 30, [])
+    c1, c2 = make_control(store, "c1"), make_control(store, "c2")
+    c1.tick()
+    st, token, _ = take(store, "n1")
+    k = store.keys
+    store.redis.zadd(k.leases, {st.id: 1.0})  # its deadline has passed (the node died)
+    store.redis.zadd(k.node_seen, {"n1": 1.0})
+    store.redis.delete(k.leader)  # both controls think they lead for this tick (the worst case)
+    r1 = c1.tick()
+    store.redis.delete(k.leader)
+    r2 = c2.tick()
+    assert r1.recalled + r2.recalled == 1
+    assert store.redis.hget(k.node_counters("n1"), "recalled") == "1"
+    assert store.redis.zcard(k.leases) == 0 and store.redis.zcard(k.waiting) == 1
+    again = Subtask.from_json(store.redis.hget(k.subtasks, st.id))
+    assert again.attempt == 1 and again.avoid == ["n1"]
+    assert not finish(store, "n1", st, token)  # the dead node's late finish is refused by the token
+    assert store.redis.hget(k.node_counters("n1"), "stale_finish") == "1"
+
+
+def test_subtask_left_in_a_crawl_queue_past_the_threshold_is_recalled(store: Store) -> None:
+    inject(store, {"name": "p", "sites": ["a.com"]})
+    store.heartbeat("n1", NODE_INFO, 30, [])
+    control = make_control(store)
+    control.tick()
+    k = store.keys
+    [sid] = store.redis.zrange(k.queued, 0, -1)
+    store.redis.zadd(k.queued, {sid: 1.0})  # queued long ago, never taken
+    store.heartbeat("n2", NODE_INFO, 30, [])
+    control.tick()
+    assert store.redis.llen(k.crawl("n1")) == 0
+    placed = Subtask.from_json(store.redis.hget(k.subtasks, sid))
+    assert placed.attempt == 1 and placed.node == "n2" and store.redis.llen(k.crawl("n2")) == 1
+
+
+def test_standby_takes_over_when_the_leader_lease_lapses(store: Store) -> None:
+    inject(store, {"name": "p", "sites": ["a.com"]})
+    leader, standby = make_control(store, "c1"), make_control(store, "c2")
+    assert leader.tick().leader and not standby.tick().leader
+    assert store.redis.llen(store.keys.virtual) == 0  # only the leader split it
+    store.redis.delete(store.keys.leader)  # the leader died: its lease lapsed
+    inject(store, {"name": "q", "sites": ["a.com"]})
+    assert standby.tick().split == 1 and store.redis.get(store.keys.leader) == "c2"
+    assert not leader.tick().leader
+
+
+def test_no_recall_baseline_abandons_failed_pages_and_keeps_lapsed_leases(store: Store) -> None:
+    inject(store, {"name": "p", "sites": ["a.com"]})
+    store.heartbeat("n1", NODE_INFO, 30, [])
+    control = make_control(store, recall=NoRecall(threshold=30))
+    control.tick()
+    st, token, _ = take(store, "n1")
+    finish(store, "n1", st, token, ok=False, reason="HTTP 503")
+    control.tick()
+    k = store.keys
+    nxt = Subtask.from_json(store.redis.lindex(k.crawl("n1"), 0))
+    assert nxt.first_page == 3 and nxt.attempt == 0  # pages 0-2 given up, the task goes on
+    st2, _, _ = take(store, "n1")
+    store.redis.zadd(k.leases, {st2.id: 1.0})
+    control.tick()
+    assert store.redis.zscore(k.leases, st2.id) == 1.0 and not store.redis.hlen(k.dead)
+
+
+def test_dynamic_allocation_routes_by_measured_rate(store: Store) -> None:
+    inject(store, {"name": "p", "sites": ["a.com", "b.com"]})
+    for n in ("good", "bad"):
+        store.heartbeat(n, NODE_INFO, 30, [])
+    control = make_control(store, allocation=DynamicAllocation(rate_floor=0.6, patience=1000))
+    k = store.keys
+    # History: "good" collects everything on a.com, half on b.com; "bad" a tenth on a.com, nothing yet on b.com.
+    for node, site, collected in (("good", "a.com", 30), ("good", "b.com", 15), ("bad", "a.com", 3)):
+        for _ in range(2):
+            st = Subtask(id=f"h-{node}-{site}-{_}", task="h", site=site, group="p", first_page=0, page_limit=3,
+                         time_limit=20)
+            store.redis.lpush(k.crawl(node), st.to_json())
+            s, token, _ = take(store, node)
+            finish(store, node, s, token, collected=collected)
+    store.redis.delete(k.sleeping)
+    control.tick()
+    a = [Subtask.from_json(r) for r in store.redis.lrange(k.crawl("good"), 0, -1)]
+    assert [s.site for s in a] == ["a.com"]
+    # "bad" is not given a.com while "good" is better by far; it explores b.com instead.
+    b = [Subtask.from_json(r) for r in store.redis.lrange(k.crawl("bad"), 0, -1)]
+    assert [s.site for s in b] == ["b.com"]
