@@ -126,8 +126,10 @@ class Task:
     @classmethod
     def from_json(cls, raw: str) -> Task:
         obj = loads_object(raw, "task")
-        obj.pop("v", None)
-        return cls(**obj)
+        _require(obj, "id", str, "task", check=bool, expected="a non-empty string")
+        _require(obj, "site", str, "task", check=bool, expected="a non-empty string")
+        known = set(cls.__dataclass_fields__)
+        return cls(**{k: v for k, v in obj.items() if k in known})
 
 
 @dataclass
@@ -175,5 +177,8 @@ class Report:
         sub = obj.pop("subtask", None)
         if not isinstance(sub, dict):
             raise InvalidInput(f"report: field 'subtask': expected an object, got {sub!r}")
+        _require(obj, "node", str, "report", check=bool, expected="a node id")
+        _require(obj, "outcome", str, "report", check=lambda v: v in ("done", "timeout", "failed"),
+                 expected="one of done, timeout, failed")
         known = set(cls.__dataclass_fields__)
         return cls(subtask=Subtask.from_dict(sub, "report.subtask"), **{k: v for k, v in obj.items() if k in known})

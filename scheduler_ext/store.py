@@ -60,8 +60,7 @@ return nil
 # ARGV: node, node json, lease ttl (s), then id, token pairs
 # Returns the ids whose lease is gone or belongs to someone else (recalled: stop working on them).
 _HEARTBEAT = _NOW + """
-local info = cjson.decode(ARGV[2]); info.last_seen = now
-redis.call('HSET', KEYS[1], ARGV[1], cjson.encode(info))
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])  -- stored as sent (cjson would turn [] into {}); last seen: KEYS[2]
 redis.call('ZADD', KEYS[2], now, ARGV[1])
 local lost = {}
 for i = 4, #ARGV, 2 do
@@ -135,18 +134,20 @@ for i = 2, #ARGV, 3 do
     redis.call('ZADD', KEYS[4], ARGV[i + 2], ARGV[i]); n = n + 1
   end
 end
-while true do
+local unreadable = {}
+for _ = 1, redis.call('LLEN', KEYS[5]) do
   local raw = redis.call('RPOP', KEYS[5])
-  if not raw then break end
   local ok, st = pcall(cjson.decode, raw)
   if ok and type(st) == 'table' and type(st.id) == 'string' then
     redis.call('HSET', KEYS[3], st.id, raw)
     redis.call('ZADD', KEYS[4], tonumber(st.priority) or 0, st.id)
     redis.call('ZREM', KEYS[6], st.id); n = n + 1
   else
-    redis.call('LPUSH', KEYS[5], raw); break  -- leave what we cannot read for the control to dead-letter
+    table.insert(unreadable, raw)
   end
 end
+-- What cannot be read stays, in order, for a node's take script to move to `failed` with the reason.
+for _, raw in ipairs(unreadable) do redis.call('LPUSH', KEYS[5], raw) end
 return n
 """
 
@@ -163,6 +164,10 @@ return n
 # Returns 1 if applied, 0 if a guard failed (nothing written).
 _COMMIT = """
 local guards, writes = cjson.decode(ARGV[1]), cjson.decode(ARGV[2])
+local known = {hset = 1, hdel = 1, zadd = 1, zrem = 1, lpush = 1, hincrby = 1, del = 1, sadd = 1}
+for _, w in ipairs(writes) do  -- refuse a bad write before anything changes: never half-applied
+  if not known[w[1]] then return redis.error_reply('unknown write ' .. tostring(w[1])) end
+end
 for _, g in ipairs(guards) do
   local op = g[1]
   if op == 'tail_is' then
@@ -200,8 +205,7 @@ for _, w in ipairs(writes) do
   elseif op == 'lpush' then redis.call('LPUSH', w[2], w[3])
   elseif op == 'hincrby' then redis.call('HINCRBY', w[2], w[3], w[4])
   elseif op == 'del' then redis.call('DEL', w[2])
-  elseif op == 'sadd' then redis.call('SADD', w[2], w[3])
-  else return redis.error_reply('unknown write ' .. tostring(op)) end
+  elseif op == 'sadd' then redis.call('SADD', w[2], w[3]) end
 end
 return 1
 """

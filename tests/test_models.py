@@ -14,19 +14,41 @@ from scheduler_ext.models import Report, Subtask, Task, loads_object
 
 
 def _subtask(**over: Any) -> Subtask:
-    fields: dict[str, Any] = dict(id="s1", task="t1", site="a.com", first_page=5, page_limit=3, time_limit=20.0,
-                                  group="牛奶", type=1, priority=7.0, attempt=2, avoid=["n1"], prev_node="n1",
-                                  node="n2", since=1234.5, payload={"q": "光明&牛奶", "engine": "baidu"})
+    fields: dict[str, Any] = dict(
+        id="s1",
+        task="t1",
+        site="a.com",
+        first_page=5,
+        page_limit=3,
+        time_limit=20.0,
+        group="牛奶",
+        type=1,
+        priority=7.0,
+        attempt=2,
+        avoid=["n1"],
+        prev_node="n1",
+        node="n2",
+        since=1234.5,
+        payload={"q": "光明&牛奶", "engine": "baidu"},
+    )
     fields.update(over)
     return Subtask(**fields)
 
 
 def _valid() -> dict[str, Any]:
-    return {"v": SCHEMA_VERSION, "id": "s1", "task": "t1", "site": "a.com", "first_page": 0, "page_limit": 5,
-            "time_limit": 30}
+    return {
+        "v": SCHEMA_VERSION,
+        "id": "s1",
+        "task": "t1",
+        "site": "a.com",
+        "first_page": 0,
+        "page_limit": 5,
+        "time_limit": 30,
+    }
 
 
-# --- round trips -----------------------------------------------------------------------------------------------
+# --- round trips --------------------------------------------------------------------------------------------
+
 
 def test_subtask_round_trip_keeps_every_field() -> None:
     st = _subtask()
@@ -38,10 +60,26 @@ def test_subtask_round_trip_keeps_every_field() -> None:
 
 def test_subtask_minimal_payload_gets_defaults() -> None:
     st = Subtask.from_json(json.dumps(_valid()))
-    assert (st.id, st.task, st.site, st.first_page, st.page_limit, st.time_limit) == ("s1", "t1", "a.com", 0, 5, 30.0)
+    assert (st.id, st.task, st.site, st.first_page, st.page_limit, st.time_limit) == (
+        "s1",
+        "t1",
+        "a.com",
+        0,
+        5,
+        30.0,
+    )
     assert isinstance(st.time_limit, float)
-    assert (st.group, st.type, st.priority, st.attempt, st.avoid, st.prev_node, st.node, st.since, st.payload) == \
-        ("", 0, 0.0, 0, [], None, None, 0.0, {})
+    assert (
+        st.group,
+        st.type,
+        st.priority,
+        st.attempt,
+        st.avoid,
+        st.prev_node,
+        st.node,
+        st.since,
+        st.payload,
+    ) == ("", 0, 0.0, 0, [], None, None, 0.0, {})
 
 
 def test_subtask_numeric_task_id_becomes_string() -> None:
@@ -55,17 +93,44 @@ def test_subtask_without_version_is_read_as_current() -> None:
 
 
 def test_task_round_trip() -> None:
-    task = Task(id="t9", site="b.com", group="奶粉", type=1, priority=3.0, payload={"engine": "weibo"}, next_page=10,
-                total_pages=40, reported=395, subtasks=2, collected=17, done=False, last_node="n3", page_limit=5,
-                time_limit=12.5)
+    task = Task(
+        id="t9",
+        site="b.com",
+        group="奶粉",
+        type=1,
+        priority=3.0,
+        payload={"engine": "weibo"},
+        next_page=10,
+        total_pages=40,
+        reported=395,
+        subtasks=2,
+        collected=17,
+        done=False,
+        last_node="n3",
+        page_limit=5,
+        time_limit=12.5,
+    )
     raw = task.to_json()
     assert json.loads(raw)["v"] == SCHEMA_VERSION
     assert Task.from_json(raw) == task
 
 
 def test_report_round_trip() -> None:
-    report = Report(subtask=_subtask(), node="n2", outcome="timeout", reason="time limit", reported=120, offered=30,
-                    collected=21, pages=3, next_page=8, exhausted=False, total_pages=12, started=100.0, ended=112.5)
+    report = Report(
+        subtask=_subtask(),
+        node="n2",
+        outcome="timeout",
+        reason="time limit",
+        reported=120,
+        offered=30,
+        collected=21,
+        pages=3,
+        next_page=8,
+        exhausted=False,
+        total_pages=12,
+        started=100.0,
+        ended=112.5,
+    )
     raw = report.to_json()
     obj = json.loads(raw)
     assert obj["v"] == SCHEMA_VERSION and obj["subtask"]["v"] == SCHEMA_VERSION
@@ -83,12 +148,17 @@ def test_report_ok(outcome: str, ok: bool) -> None:
     assert Report(subtask=_subtask(), node="n", outcome=outcome).ok is ok
 
 
-@pytest.mark.parametrize(("started", "ended", "seconds"), [(10.0, 12.5, 2.5), (10.0, 10.0, 0.0), (10.0, 9.0, 0.0)])
+@pytest.mark.parametrize(
+    ("started", "ended", "seconds"), [(10.0, 12.5, 2.5), (10.0, 10.0, 0.0), (10.0, 9.0, 0.0)]
+)
 def test_report_seconds_never_negative(started: float, ended: float, seconds: float) -> None:
-    assert Report(subtask=_subtask(), node="n", outcome="done", started=started, ended=ended).seconds == seconds
+    assert (
+        Report(subtask=_subtask(), node="n", outcome="done", started=started, ended=ended).seconds == seconds
+    )
 
 
-# --- validation ------------------------------------------------------------------------------------------------
+# --- validation ---------------------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize(
     ("change", "field"),
@@ -145,7 +215,9 @@ def test_non_json_is_refused(raw: str) -> None:
         Subtask.from_json(raw)
 
 
-@pytest.mark.parametrize(("raw", "kind"), [("[1, 2]", "list"), ('"s1"', "str"), ("3", "int"), ("null", "NoneType")])
+@pytest.mark.parametrize(
+    ("raw", "kind"), [("[1, 2]", "list"), ('"s1"', "str"), ("3", "int"), ("null", "NoneType")]
+)
 def test_json_that_is_not_an_object_is_refused(raw: str, kind: str) -> None:
     with pytest.raises(InvalidInput, match=f"expected a JSON object, got {kind}"):
         loads_object(raw, "subtask")
@@ -177,7 +249,9 @@ def test_report_without_subtask_object_is_refused(sub: Any) -> None:
 
 def test_malformed_failure_record_is_not_a_report() -> None:
     # What Store.take pushes to `failed` for a crawl-queue entry it cannot read.
-    raw = json.dumps({"v": 1, "malformed": True, "id": None, "node": "n1", "outcome": "failed", "reason": "x"})
+    raw = json.dumps(
+        {"v": 1, "malformed": True, "id": None, "node": "n1", "outcome": "failed", "reason": "x"}
+    )
     with pytest.raises(InvalidInput, match="subtask"):
         Report.from_json(raw)
 
@@ -189,8 +263,9 @@ def test_report_refuses_pickle_and_non_json() -> None:
         Report.from_json("done")
 
 
-# The module's contract: everything read from Redis "is JSON or it is refused with a reason" (InvalidInput, which
-# the control catches to dead-letter the entry), never another exception type.
+# The module's contract: everything read from Redis "is JSON or it is refused with a reason" (InvalidInput,
+# which the control catches to dead-letter the entry), never another exception type.
+
 
 @pytest.mark.parametrize("missing", ["node", "outcome"])
 def test_report_missing_required_field_is_invalid_input(missing: str) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import doctest
 import random
+import zlib
 from collections import Counter
 from typing import Any
 
@@ -41,8 +42,17 @@ class FakeEstimates:
         self.c: dict[tuple[str, str], Estimate] = {}
         self.s: dict[tuple[str, str, str], Estimate] = {}
 
-    def set(self, site: str, node: str, completion: float, spp: float, *, group: str = "g", runs: int = 5,
-            last_run: float = NOW - 1) -> FakeEstimates:
+    def set(
+        self,
+        site: str,
+        node: str,
+        completion: float,
+        spp: float,
+        *,
+        group: str = "g",
+        runs: int = 5,
+        last_run: float = NOW - 1,
+    ) -> FakeEstimates:
         self.c[(site, node)] = Estimate(completion, runs, last_run)
         self.s[(group, site, node)] = Estimate(spp, runs, last_run)
         return self
@@ -64,10 +74,28 @@ class RefusingEstimates:
         raise AssertionError("estimates read")
 
 
-def st(sid: str, *, task: str | None = None, site: str = "a.com", type: int = 0, since: float = NOW,
-       avoid: list[str] | None = None, group: str = "g") -> Subtask:
-    return Subtask(id=sid, task=task or "t" + sid, site=site, first_page=0, page_limit=5, time_limit=30.0,
-                   group=group, type=type, since=since, avoid=avoid or [])
+def st(
+    sid: str,
+    *,
+    task: str | None = None,
+    site: str = "a.com",
+    type: int = 0,
+    since: float = NOW,
+    avoid: list[str] | None = None,
+    group: str = "g",
+) -> Subtask:
+    return Subtask(
+        id=sid,
+        task=task or "t" + sid,
+        site=site,
+        first_page=0,
+        page_limit=5,
+        time_limit=30.0,
+        group=group,
+        type=type,
+        since=since,
+        avoid=avoid or [],
+    )
 
 
 def node(nid: str, free: int = 1, types: tuple[int, ...] = (0,)) -> NodeView:
@@ -78,7 +106,7 @@ def assigned(result: list[tuple[Subtask, str]]) -> dict[str, str]:
     return {s.id: n for s, n in result}
 
 
-# --- the allocation contract, on every implementation --------------------------------------------------------
+# --- the allocation contract, on every implementation -------------------------------------------------------
 
 ALLOCATIONS = [DynamicAllocation, SharedAllocation, RoundRobinAllocation]
 
@@ -86,17 +114,26 @@ ALLOCATIONS = [DynamicAllocation, SharedAllocation, RoundRobinAllocation]
 def _scenario(seed: int) -> tuple[list[Subtask], list[NodeView], FakeEstimates]:
     rng = random.Random(seed)
     sites = ["a.com", "b.com", "c.com"]
-    nodes = [NodeView(id=f"n{i}", types=rng.choice([[0], [1], [0, 1]]), free=rng.randint(0, 3))
-             for i in range(rng.randint(1, 6))]
+    nodes = [
+        NodeView(id=f"n{i}", types=rng.choice([[0], [1], [0, 1]]), free=rng.randint(0, 3))
+        for i in range(rng.randint(1, 6))
+    ]
     est = FakeEstimates()
     for site in sites:
         for n in nodes:
             if rng.random() < 0.7:
                 est.set(site, n.id, rng.random(), rng.uniform(0.1, 5.0), last_run=NOW - rng.uniform(0, 900))
-    subtasks = [st(f"s{i}", task=f"t{rng.randint(0, 4)}", site=rng.choice(sites), type=rng.randint(0, 1),
-                   since=NOW - rng.uniform(0, 60),
-                   avoid=[n.id for n in nodes if rng.random() < 0.2])
-                for i in range(rng.randint(0, 15))]
+    subtasks = [
+        st(
+            f"s{i}",
+            task=f"t{rng.randint(0, 4)}",
+            site=rng.choice(sites),
+            type=rng.randint(0, 1),
+            since=NOW - rng.uniform(0, 60),
+            avoid=[n.id for n in nodes if rng.random() < 0.2],
+        )
+        for i in range(rng.randint(0, 15))
+    ]
     return subtasks, nodes, est
 
 
@@ -130,20 +167,41 @@ def test_allocation_empty_inputs(cls: type[Allocation]) -> None:
 
 @pytest.mark.parametrize("cls", ALLOCATIONS)
 def test_allocation_uses_free_capacity(cls: type[Allocation]) -> None:
-    # A task per subtask, one node with room for all: every implementation gives it all (nothing better exists).
+    # A task per subtask, one node with room for all: every implementation gives it all (nothing better
+    # exists).
     est = FakeEstimates().set("a.com", "n1", 1.0, 1.0)
     result = cls().allocate([st("s1"), st("s2"), st("s3")], [node("n1", 3)], est, NOW)
     assert sorted(assigned(result).items()) == [("s1", "n1"), ("s2", "n1"), ("s3", "n1")]
 
 
-# --- DynamicAllocation -----------------------------------------------------------------------------------------
+@pytest.mark.parametrize("cls", ALLOCATIONS)
+@pytest.mark.parametrize("task", ["T", "a"])  # round robin: home n1 for "T", n2 for "a"
+def test_allocation_honours_avoid(cls: type[Allocation], task: str) -> None:
+    homes = {t: zlib.crc32(t.encode()) % 2 for t in ("T", "a")}
+    assert homes == {"T": 0, "a": 1}  # both home nodes are exercised
+    est = FakeEstimates().set("a.com", "n1", 1.0, 1.0).set("a.com", "n2", 1.0, 1.0)
+    s = st("s1", task=task, avoid=["n1"])
+    assert assigned(cls().allocate([s], [node("n1"), node("n2")], est, NOW)) == {"s1": "n2"}
+    # Another node is alive but busy: the subtask waits rather than go back to the node it failed on.
+    assert cls().allocate([s], [node("n1"), node("n2", 0)], est, NOW) == []
+    # No other node of its type is alive: the avoided node will do.
+    alone = [node("n1"), node("n3", types=(1,))]
+    assert assigned(cls().allocate([s], alone, est, NOW)) == {"s1": "n1"}
+
+
+# --- DynamicAllocation --------------------------------------------------------------------------------------
+
 
 def test_dynamic_prefers_higher_rate_not_higher_completion() -> None:
     # n1: 0.5 results/page at 0.5 s/page = 1.0 results/s; n2: 0.9 at 1.5 s/page = 0.6 results/s.
     est = FakeEstimates().set("a.com", "n1", 0.5, 0.5).set("a.com", "n2", 0.9, 1.5)
-    assert assigned(DynamicAllocation().allocate([st("s1")], [node("n2"), node("n1")], est, NOW)) == {"s1": "n1"}
+    assert assigned(DynamicAllocation().allocate([st("s1")], [node("n2"), node("n1")], est, NOW)) == {
+        "s1": "n1"
+    }
     est.set("a.com", "n1", 0.5, 1.0)  # now 0.5 results/s: n2 is better
-    assert assigned(DynamicAllocation().allocate([st("s1")], [node("n2"), node("n1")], est, NOW)) == {"s1": "n2"}
+    assert assigned(DynamicAllocation().allocate([st("s1")], [node("n2"), node("n1")], est, NOW)) == {
+        "s1": "n2"
+    }
 
 
 def test_dynamic_fills_the_best_node_first_then_the_next() -> None:
@@ -171,7 +229,9 @@ def test_dynamic_explores_an_unexplored_pair_once() -> None:
 def test_dynamic_explores_when_runs_are_below_explore_runs() -> None:
     est = FakeEstimates().set("a.com", "n1", 0.9, 1.0).set("a.com", "n2", 0.01, 1.0, runs=1)
     busy_best = [node("n1", 0), node("n2")]
-    assert assigned(DynamicAllocation(explore_runs=2).allocate([st("s1")], busy_best, est, NOW)) == {"s1": "n2"}
+    assert assigned(DynamicAllocation(explore_runs=2).allocate([st("s1")], busy_best, est, NOW)) == {
+        "s1": "n2"
+    }
     assert assigned(DynamicAllocation(explore_runs=1).allocate([st("s1")], busy_best, est, NOW)) == {}
 
 
@@ -179,19 +239,29 @@ def test_dynamic_excludes_a_node_slower_than_slow_factor_times_the_best() -> Non
     aged = NOW - 1000  # past patience: late binding does not hold it back, only the exclusion rule can
     est = FakeEstimates().set("a.com", "n1", 0.3, 1.0).set("a.com", "n2", 1.0, 3.5)
     nodes = [node("n1", 0), node("n2")]
-    assert assigned(DynamicAllocation(slow_factor=3.0).allocate([st("s1", since=aged)], nodes, est, NOW)) == {}
+    assert (
+        assigned(DynamicAllocation(slow_factor=3.0).allocate([st("s1", since=aged)], nodes, est, NOW)) == {}
+    )
     est.set("a.com", "n2", 1.0, 2.9)
-    assert assigned(DynamicAllocation(slow_factor=3.0).allocate([st("s1", since=aged)], nodes, est, NOW)) == \
-        {"s1": "n2"}
+    assert assigned(DynamicAllocation(slow_factor=3.0).allocate([st("s1", since=aged)], nodes, est, NOW)) == {
+        "s1": "n2"
+    }
 
 
 def test_dynamic_slow_rule_is_per_group() -> None:
     aged = NOW - 1000
-    est = (FakeEstimates().set("a.com", "n1", 0.3, 1.0, group="milk").set("a.com", "n2", 1.0, 3.5, group="milk")
-           .set("a.com", "n1", 0.3, 3.0, group="tea").set("a.com", "n2", 1.0, 3.5, group="tea"))
+    est = (
+        FakeEstimates()
+        .set("a.com", "n1", 0.3, 1.0, group="milk")
+        .set("a.com", "n2", 1.0, 3.5, group="milk")
+        .set("a.com", "n1", 0.3, 3.0, group="tea")
+        .set("a.com", "n2", 1.0, 3.5, group="tea")
+    )
     nodes = [node("n1", 0), node("n2")]
     alloc = DynamicAllocation(slow_factor=3.0)
-    result = alloc.allocate([st("s1", since=aged, group="milk"), st("s2", since=aged, group="tea")], nodes, est, NOW)
+    result = alloc.allocate(
+        [st("s1", since=aged, group="milk"), st("s2", since=aged, group="tea")], nodes, est, NOW
+    )
     assert assigned(result) == {"s2": "n2"}
 
 
@@ -207,17 +277,22 @@ def test_dynamic_late_binding_waits_for_a_better_busy_node_until_patience() -> N
 
 
 def test_dynamic_aged_subtasks_are_matched_first() -> None:
-    est = FakeEstimates().set("a.com", "n1", 1.0, 1.0).set("b.com", "n1", 0.2, 1.0).set("b.com", "n2", 0.2, 1.0)
+    est = (
+        FakeEstimates().set("a.com", "n1", 1.0, 1.0).set("b.com", "n1", 0.2, 1.0).set("b.com", "n2", 0.2, 1.0)
+    )
     # s1 (a.com) pays better on n1, but s2 (b.com) has waited past patience: it gets n1's only slot.
     result = DynamicAllocation(patience=30.0).allocate(
-        [st("s1"), st("s2", site="b.com", since=NOW - 100)], [node("n1"), node("n2", 0)], est, NOW)
+        [st("s1"), st("s2", site="b.com", since=NOW - 100)], [node("n1"), node("n2", 0)], est, NOW
+    )
     assert assigned(result) == {"s2": "n1"}
 
 
 def test_dynamic_avoids_the_node_a_subtask_failed_on() -> None:
     est = FakeEstimates().set("a.com", "n1", 1.0, 1.0).set("a.com", "n2", 0.7, 1.0)
     alloc = DynamicAllocation()
-    assert assigned(alloc.allocate([st("s1", avoid=["n1"])], [node("n1"), node("n2")], est, NOW)) == {"s1": "n2"}
+    assert assigned(alloc.allocate([st("s1", avoid=["n1"])], [node("n1"), node("n2")], est, NOW)) == {
+        "s1": "n2"
+    }
     # Another node is alive but busy: the subtask waits rather than go back to the node it failed on.
     assert assigned(alloc.allocate([st("s1", avoid=["n1"])], [node("n1"), node("n2", 0)], est, NOW)) == {}
     # No other node alive (of its type): the avoided node will do.
@@ -232,22 +307,27 @@ def test_dynamic_does_not_explore_an_avoided_node() -> None:
 
 
 def test_dynamic_explores_stale_estimates_again() -> None:
-    # n2 was bad on a.com long ago: with a fresh estimate it waits for n1, with a stale one it is measured again.
+    # n2 was bad on a.com long ago: with a fresh estimate it waits for n1, with a stale one it is measured
+    # again.
     nodes = [node("n1", 0), node("n2")]
     fresh = FakeEstimates().set("a.com", "n1", 1.0, 1.0).set("a.com", "n2", 0.1, 1.0, last_run=NOW - 599)
     assert assigned(DynamicAllocation(stale_after=600.0).allocate([st("s1")], nodes, fresh, NOW)) == {}
     stale = FakeEstimates().set("a.com", "n1", 1.0, 1.0).set("a.com", "n2", 0.1, 1.0, last_run=NOW - 601)
-    assert assigned(DynamicAllocation(stale_after=600.0).allocate([st("s1")], nodes, stale, NOW)) == {"s1": "n2"}
+    assert assigned(DynamicAllocation(stale_after=600.0).allocate([st("s1")], nodes, stale, NOW)) == {
+        "s1": "n2"
+    }
 
 
 def test_dynamic_only_nodes_of_the_subtask_type() -> None:
     est = FakeEstimates().set("a.com", "n0", 1.0, 1.0).set("a.com", "n1", 0.9, 1.0)
-    result = DynamicAllocation().allocate([st("s1", type=1), st("s2", type=0)],
-                                          [node("n0", 2, types=(0,)), node("n1", 2, types=(1,))], est, NOW)
+    result = DynamicAllocation().allocate(
+        [st("s1", type=1), st("s2", type=0)], [node("n0", 2, types=(0,)), node("n1", 2, types=(1,))], est, NOW
+    )
     assert assigned(result) == {"s1": "n1", "s2": "n0"}
 
 
-# --- baselines -------------------------------------------------------------------------------------------------
+# --- baselines ----------------------------------------------------------------------------------------------
+
 
 def test_shared_is_fifo_and_ignores_estimates() -> None:
     subtasks = [st("s1"), st("s2"), st("s3"), st("s4")]
@@ -268,7 +348,7 @@ def test_round_robin_keeps_a_task_on_one_node() -> None:
     alloc = RoundRobinAllocation()
     first = assigned(alloc.allocate(subtasks, nodes, RefusingEstimates(), NOW))
     assert len(first) == len(subtasks)
-    home = {}
+    home: dict[str, str] = {}
     for s in subtasks:
         assert home.setdefault(s.task, first[s.id]) == first[s.id]
     assert len(set(home.values())) > 1  # tasks are spread over the nodes
@@ -278,15 +358,20 @@ def test_round_robin_keeps_a_task_on_one_node() -> None:
 
 def test_round_robin_waits_if_the_task_node_is_full() -> None:
     nodes = [node("n1", 5), node("n2", 5)]
-    home = assigned(RoundRobinAllocation().allocate([st("s1", task="T")], nodes, RefusingEstimates(), NOW))["s1"]
+    home = assigned(RoundRobinAllocation().allocate([st("s1", task="T")], nodes, RefusingEstimates(), NOW))[
+        "s1"
+    ]
     full = [node(n.id, 0 if n.id == home else 5) for n in nodes]
     assert RoundRobinAllocation().allocate([st("s2", task="T")], full, RefusingEstimates(), NOW) == []
     one = [node(n.id, 1) for n in nodes]
-    result = RoundRobinAllocation().allocate([st("s3", task="T"), st("s4", task="T")], one, RefusingEstimates(), NOW)
+    result = RoundRobinAllocation().allocate(
+        [st("s3", task="T"), st("s4", task="T")], one, RefusingEstimates(), NOW
+    )
     assert assigned(result) == {"s3": home}
 
 
-# --- modification ----------------------------------------------------------------------------------------------
+# --- modification -------------------------------------------------------------------------------------------
+
 
 def test_modification_doctests() -> None:
     result = doctest.testmod(modification_module)
@@ -318,8 +403,9 @@ def test_modification_doctests() -> None:
         ({"min_time": 1.0}, 1.0, 0.1, (10, 2.0)),
     ],
 )
-def test_modification_limits(kwargs: dict[str, Any], completion: float | None, spp: float | None,
-                             expected: tuple[int, float]) -> None:
+def test_modification_limits(
+    kwargs: dict[str, Any], completion: float | None, spp: float | None, expected: tuple[int, float]
+) -> None:
     assert DynamicModification(**kwargs).limits(completion, spp) == expected
 
 
@@ -334,12 +420,22 @@ def test_modification_limits_properties() -> None:
             previous = pages
             assert mod.min_time <= limit <= min(mod.max_time, 30.0)
             assert pages * spp * mod.safety <= 30.0 + 1e-9, "expected duration over half the recall threshold"
-            assert limit >= min(pages * spp * mod.safety, 30.0) - 1e-9, "limit shorter than the expected duration"
+            assert limit >= min(pages * spp * mod.safety, 30.0) - 1e-9, (
+                "limit shorter than the expected duration"
+            )
 
 
 def _report(**over: Any) -> Report:
-    fields: dict[str, Any] = dict(subtask=st("s1"), node="n1", outcome="done", offered=10, collected=10, pages=5,
-                                  started=100.0, ended=105.0)
+    fields: dict[str, Any] = dict(
+        subtask=st("s1"),
+        node="n1",
+        outcome="done",
+        offered=10,
+        collected=10,
+        pages=5,
+        started=100.0,
+        ended=105.0,
+    )
     fields.update(over)
     return Report(**fields)
 
@@ -369,7 +465,8 @@ def test_fixed_modification_is_constant() -> None:
     assert mod.next_limits(_report(collected=0, pages=0), FakeEstimates()) == (7, 12.5)
 
 
-# --- recall ----------------------------------------------------------------------------------------------------
+# --- recall -------------------------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("failed", [True, False])
 @pytest.mark.parametrize("max_recalls", [1, 2, 5])
@@ -390,10 +487,14 @@ def test_dynamic_recall_runs_a_subtask_exactly_max_times(max_recalls: int, faile
 def test_dynamic_recall_boundary() -> None:
     recall = DynamicRecall(max_recalls=5)
     assert recall.decide(st("s1"), "n1", "x", failed=True) is RecallDecision.REQUEUE
-    assert recall.decide(Subtask(**{**st("s1").__dict__, "attempt": 3}), "n1", "x", failed=True) \
+    assert (
+        recall.decide(Subtask(**{**st("s1").__dict__, "attempt": 3}), "n1", "x", failed=True)
         is RecallDecision.REQUEUE
-    assert recall.decide(Subtask(**{**st("s1").__dict__, "attempt": 4}), None, "x", failed=False) \
+    )
+    assert (
+        recall.decide(Subtask(**{**st("s1").__dict__, "attempt": 4}), None, "x", failed=False)
         is RecallDecision.DEAD
+    )
 
 
 @pytest.mark.parametrize("attempt", [0, 4, 50])
@@ -405,10 +506,12 @@ def test_no_recall(attempt: int) -> None:
     assert recall.decide(subtask, None, "node lapsed", failed=False) is RecallDecision.KEEP
 
 
-# --- load_strategy ---------------------------------------------------------------------------------------------
+# --- load_strategy ------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("path", ["no_such_module.Allocation", "scheduler_ext.strategies.allocation.NoSuchClass",
-                                  "nodots"])
+
+@pytest.mark.parametrize(
+    "path", ["no_such_module.Allocation", "scheduler_ext.strategies.allocation.NoSuchClass", "nodots"]
+)
 def test_load_strategy_bad_path_names_the_setting(path: str) -> None:
     crawler = get_crawler(settings_dict={"SCHEDEXT_ALLOCATION": path})
     with pytest.raises(ConfigurationError, match=rf"^SCHEDEXT_ALLOCATION: cannot load strategy '{path}'"):
@@ -416,25 +519,37 @@ def test_load_strategy_bad_path_names_the_setting(path: str) -> None:
 
 
 def test_load_strategy_refuses_the_wrong_kind() -> None:
-    crawler = get_crawler(settings_dict={"SCHEDEXT_RECALL": "scheduler_ext.strategies.allocation.SharedAllocation"})
-    with pytest.raises(ConfigurationError, match="^SCHEDEXT_RECALL: .*SharedAllocation.* is not a Recall strategy"):
+    crawler = get_crawler(
+        settings_dict={"SCHEDEXT_RECALL": "scheduler_ext.strategies.allocation.SharedAllocation"}
+    )
+    with pytest.raises(
+        ConfigurationError, match="^SCHEDEXT_RECALL: .*SharedAllocation.* is not a Recall strategy"
+    ):
         load_strategy(crawler, "SCHEDEXT_RECALL", Recall)
 
 
 def test_load_strategy_builds_defaults_and_reads_settings() -> None:
-    crawler = get_crawler(settings_dict={"SCHEDEXT_SLOW_FACTOR": 5, "SCHEDEXT_RECALL_MAX": 3,
-                                         "SCHEDEXT_RECALL_THRESHOLD": 90, "SCHEDEXT_PAGE_LIMIT": 8})
+    crawler = get_crawler(
+        settings_dict={
+            "SCHEDEXT_SLOW_FACTOR": 5,
+            "SCHEDEXT_RECALL_MAX": 3,
+            "SCHEDEXT_RECALL_THRESHOLD": 90,
+            "SCHEDEXT_PAGE_LIMIT": 8,
+        }
+    )
     alloc = load_strategy(crawler, "SCHEDEXT_ALLOCATION", Allocation)
     assert isinstance(alloc, DynamicAllocation) and alloc.slow_factor == 5.0 and alloc.explore_timeout == 90.0
     recall = load_strategy(crawler, "SCHEDEXT_RECALL", Recall)
     assert isinstance(recall, DynamicRecall) and (recall.threshold, recall.max_recalls) == (90.0, 3)
     mod = load_strategy(crawler, "SCHEDEXT_MODIFICATION", Modification)
     assert isinstance(mod, DynamicModification) and mod.base_pages == 8 and mod.budget == 45.0
-    crawler = get_crawler(settings_dict={
-        "SCHEDEXT_ALLOCATION": "scheduler_ext.strategies.allocation.SharedAllocation",
-        "SCHEDEXT_MODIFICATION": "scheduler_ext.strategies.modification.FixedModification",
-        "SCHEDEXT_RECALL": "scheduler_ext.strategies.recall.NoRecall"})
+    crawler = get_crawler(
+        settings_dict={
+            "SCHEDEXT_ALLOCATION": "scheduler_ext.strategies.allocation.SharedAllocation",
+            "SCHEDEXT_MODIFICATION": "scheduler_ext.strategies.modification.FixedModification",
+            "SCHEDEXT_RECALL": "scheduler_ext.strategies.recall.NoRecall",
+        }
+    )
     assert isinstance(load_strategy(crawler, "SCHEDEXT_ALLOCATION", Allocation), SharedAllocation)
     assert isinstance(load_strategy(crawler, "SCHEDEXT_MODIFICATION", Modification), FixedModification)
     assert isinstance(load_strategy(crawler, "SCHEDEXT_RECALL", Recall), NoRecall)
-

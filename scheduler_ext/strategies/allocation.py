@@ -20,8 +20,8 @@ waiting subtasks in priority order:
 
 Baselines: :class:`SharedAllocation` (any free node takes the next subtask in FIFO order, as with one shared
 scrapy-redis queue) and :class:`RoundRobinAllocation` (static: a task's subtasks always go to one node, chosen by
-task id). Every strategy honours ``avoid`` (the nodes a recalled subtask failed on) when another node is alive:
-that is part of what a recall means, not of how a strategy ranks nodes. The oracle baseline, which is told the truth, lives with the simulated web that knows it.
+task id). Every strategy honours ``avoid`` (the nodes a recalled subtask failed on) when another node is
+alive: that is part of what a recall means, not of how a strategy ranks nodes. The oracle baseline, which is told the truth, lives with the simulated web that knows it.
 """
 
 from __future__ import annotations
@@ -95,7 +95,8 @@ class DynamicAllocation(Allocation):
             aged = now - st.since >= self.patience
             floor = 0.0 if aged else self.rate_floor * best_rate
             for nid, r in eligible.items():
-                if nid in free and r >= floor and r > 0:
+                # Past its patience even a node that collected nothing so far may try (and fail: recall decides).
+                if nid in free and r >= floor and (r > 0 or aged):
                     pairs.append((aged, r, order, st, nid))
         assigned: dict[str, str] = {}
         result: list[tuple[Subtask, str]] = []

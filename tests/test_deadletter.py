@@ -1,0 +1,255 @@
+"""Tests of scheduler_ext.deadletter (list, requeue, drop) and scheduler_ext.status, against a real Redis."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+import redis as redis_lib
+
+from scheduler_ext import deadletter
+from scheduler_ext.deadletter import UnknownEntry
+from scheduler_ext.exceptions import InvalidInput
+from scheduler_ext.keys import Keys
+from scheduler_ext.models import Report, Subtask
+from scheduler_ext.status import NODE_COUNTS, collect_status
+from scheduler_ext.store import Store
+
+
+@pytest.fixture
+def store(redis: redis_lib.Redis, prefix: str) -> Store:
+    return Store(redis, Keys(prefix))
+
+
+def sub(sid: str = "s1", **over: Any) -> Subtask:
+    fields: dict[str, Any] = dict(
+        id=sid,
+        task="t1",
+        site="a.com",
+        first_page=10,
+        page_limit=5,
+        time_limit=30.0,
+        group="milk",
+        priority=9.0,
+        attempt=4,
+        avoid=["n1"],
+        prev_node="n1",
+        node="n1",
+        since=5.0,
+        payload={"q": "x"},
+    )
+    fields.update(over)
+    return Subtask(**fields)
+
+
+def add(store: Store, entry_id: str, **entry: Any) -> None:
+    store.redis.hset(store.keys.dead, entry_id, json.dumps({"id": entry_id, **entry}))
+
+
+def _subtask_entry(store: Store, entry_id: str = "s1", at: float = 100.0) -> None:
+    add(
+        store,
+        entry_id,
+        kind="subtask",
+        reason="recalled 5 times: blocked",
+        attempts=5,
+        last_node="n1",
+        at=at,
+        subtask=json.loads(sub(entry_id).to_json()),
+    )
+
+
+# --- dead letter --------------------------------------------------------------------------------------------
+
+
+def test_list_entries_sorted_by_time_then_id(store: Store) -> None:
+    assert deadletter.list_entries(store) == []
+    _subtask_entry(store, "m-sub", at=200.0)
+    add(store, "z-virtual", kind="virtual", raw="{}", at=100.0)
+    add(store, "a-malformed", kind="malformed", raw="xx", at=100.0)
+    add(store, "b-undated", kind="report", raw="yy")
+    entries = deadletter.list_entries(store)
+    assert [e["id"] for e in entries] == ["b-undated", "a-malformed", "z-virtual", "m-sub"]
+    assert entries[3]["subtask"]["id"] == "m-sub" and entries[3]["reason"].startswith("recalled")
+
+
+def test_requeue_a_subtask(store: Store) -> None:
+    k = store.keys
+    _subtask_entry(store, "s1")
+    assert deadletter.requeue(store, "s1") == "waiting"
+    assert store.redis.zscore(k.waiting, "s1") == 9.0
+    fresh = Subtask.from_json(store.redis.hget(k.subtasks, "s1"))
+    assert (fresh.attempt, fresh.avoid, fresh.node) == (0, [], None)
+    assert fresh.since == pytest.approx(store.now(), abs=5)
+    assert (fresh.task, fresh.site, fresh.first_page, fresh.page_limit, fresh.payload) == (
+        "t1",
+        "a.com",
+        10,
+        5,
+        {"q": "x"},
+    )
+    assert not store.redis.hexists(k.dead, "s1")
+    assert store.redis.hget(k.counters, "requeued") == "1"
+    with pytest.raises(UnknownEntry, match="'s1'"):
+        deadletter.requeue(store, "s1")  # once only
+
+
+def test_requeue_a_virtual_task(store: Store) -> None:
+    k = store.keys
+    raw = json.dumps({"name": "光明高钙牛奶", "sites": 5}, ensure_ascii=False)
+    add(store, "v1", kind="virtual", reason="field 'sites': expected a list", raw=raw, attempts=0, at=1.0)
+    assert deadletter.requeue(store, "v1") == "virtual"
+    assert store.redis.lrange(k.virtual, 0, -1) == [raw]
+    assert not store.redis.hexists(k.dead, "v1")
+    assert not store.redis.exists(k.waiting)
+
+
+@pytest.mark.parametrize(
+    "entry",
+    [
+        {"kind": "malformed", "raw": "\\x80\\x04"},
+        {"kind": "report", "raw": "{}"},
+        {"kind": "lease"},
+        {"kind": "virtual"},
+    ],
+)
+def test_requeue_refuses_an_entry_without_subtask_or_virtual_task(
+    store: Store, entry: dict[str, Any]
+) -> None:
+    add(store, "e1", reason="x", at=1.0, **entry)
+    with pytest.raises(InvalidInput, match="'e1'.*no subtask or virtual") as info:
+        deadletter.requeue(store, "e1")
+    assert not isinstance(info.value, UnknownEntry)
+    assert store.redis.hexists(store.keys.dead, "e1")
+    assert not store.redis.exists(store.keys.waiting) and not store.redis.exists(store.keys.virtual)
+
+
+def test_requeue_refuses_an_invalid_subtask(store: Store) -> None:
+    add(store, "s1", kind="subtask", at=1.0, subtask={**json.loads(sub().to_json()), "page_limit": 0})
+    with pytest.raises(InvalidInput, match="dead-letter entry s1: field 'page_limit'"):
+        deadletter.requeue(store, "s1")
+    assert store.redis.hexists(store.keys.dead, "s1") and not store.redis.exists(store.keys.waiting)
+
+
+@pytest.mark.parametrize("action", [deadletter.requeue, deadletter.drop])
+def test_unknown_entry_is_named(store: Store, action: Any) -> None:
+    _subtask_entry(store, "s1")
+    with pytest.raises(UnknownEntry, match="'nope'"):
+        action(store, "nope")
+    assert store.redis.hexists(store.keys.dead, "s1")
+
+
+def test_drop(store: Store) -> None:
+    k = store.keys
+    _subtask_entry(store, "s1")
+    add(store, "m1", kind="malformed", raw="xx", at=1.0)
+    deadletter.drop(store, "m1")
+    assert store.redis.hkeys(k.dead) == ["s1"]
+    assert store.redis.hget(k.counters, "dropped") == "1"
+    assert not store.redis.exists(k.waiting)
+    with pytest.raises(UnknownEntry, match="'m1'"):
+        deadletter.drop(store, "m1")
+
+
+# --- status -------------------------------------------------------------------------------------------------
+
+
+def test_collect_status(store: Store) -> None:
+    k, r = store.keys, store.redis
+    # One finished run of n1 on a.com for "milk": aggregates, triples and progress as the finish script
+    # writes them.
+    r.lpush(k.crawl("n1"), sub("s0").to_json())
+    taken = store.take("n1", 30.0, 10.0)
+    assert taken is not None
+    report = Report(subtask=sub("s0"), node="n1", outcome="done", offered=10, collected=8, pages=2)
+    assert store.finish(
+        "s0",
+        taken[1],
+        report.to_json(),
+        node="n1",
+        site="a.com",
+        group="milk",
+        offered=10,
+        collected=8,
+        pages=2,
+        seconds=4.0,
+        ok=True,
+        alpha=0.3,
+        runs_maxlen=100,
+    )
+    store.heartbeat(
+        "n1", {"type": [0], "host": "h1", "pid": 7, "address": "127.0.0.2", "subtasks": ["s5"]}, 30.0, []
+    )
+    r.zadd(k.node_seen, {"n2": store.now() - 1000})  # lapsed heartbeat
+    r.lpush(k.virtual, "a", "b")
+    r.zadd(k.waiting, {"w1": 1, "w2": 2, "w3": 3})
+    r.lpush(k.crawl("n1"), sub("c1").to_json(), sub("c2").to_json())
+    r.lpush(k.crawl("n2"), sub("c3").to_json())
+    r.zadd(k.leases, {"s5": store.now() + 30})
+    r.lpush(k.failed, "f")
+    _subtask_entry(store, "d1")
+    store.lead("control-1", 30.0)
+    r.hincrby(k.node_counters("n2"), "recalled", 3)
+    r.hincrby(k.counters, "tasks", 4)
+    r.hincrby(k.progress, "milk|tasks", 4)
+
+    status = collect_status(store, recall_threshold=60.0)
+    assert set(status) == {
+        "v",
+        "prefix",
+        "time",
+        "leader",
+        "queues",
+        "nodes",
+        "completion",
+        "seconds_per_page",
+        "products",
+        "cluster",
+    }
+    assert status["v"] == 1 and status["prefix"] == k.prefix and status["leader"] == "control-1"
+    assert status["time"] == pytest.approx(store.now(), abs=5)
+    assert status["queues"] == {
+        "virtual": 2,
+        "waiting": 3,
+        "crawl": {"n1": 2, "n2": 1},
+        "leased": 1,
+        "sleeping": 1,
+        "failed": 1,
+        "dead": 1,
+    }
+    nodes = {n["id"]: n for n in status["nodes"]}
+    assert sorted(nodes) == ["n1", "n2"]
+    assert nodes["n1"]["alive"] is True and nodes["n2"]["alive"] is False
+    assert (nodes["n1"]["host"], nodes["n1"]["pid"], nodes["n1"]["address"]) == ("h1", 7, "127.0.0.2")
+    assert nodes["n1"]["subtasks"] == ["s5"] and nodes["n1"]["crawl_queue"] == 2
+    assert set(nodes["n2"]["counts"]) == set(NODE_COUNTS) and nodes["n2"]["counts"]["recalled"] == 3
+    row = status["completion"]["a.com"]["n1"]
+    assert row["completion"] == pytest.approx(0.8) and row["ratio"] == pytest.approx(0.8)
+    assert (row["runs"], row["failures"], row["offered"], row["collected"], row["pages"]) == (1, 0, 10, 8, 2)
+    assert row["seconds_per_page"] == pytest.approx(2.0)
+    assert status["seconds_per_page"] == {"milk": {"a.com": {"n1": pytest.approx(2.0)}}}
+    assert status["products"] == {"milk": {"tasks": 4, "done": 0, "collected": 8, "pages": 2}}
+    assert status["cluster"] == {"tasks": 4}
+    json.dumps(status)  # JSON-ready
+
+
+def test_collect_status_of_an_empty_deployment(store: Store) -> None:
+    status = collect_status(store)
+    assert status["queues"] == {
+        "virtual": 0,
+        "waiting": 0,
+        "crawl": {},
+        "leased": 0,
+        "sleeping": 0,
+        "failed": 0,
+        "dead": 0,
+    }
+    assert (
+        status["nodes"],
+        status["completion"],
+        status["seconds_per_page"],
+        status["products"],
+        status["cluster"],
+        status["leader"],
+    ) == ([], {}, {}, {}, {}, None)
