@@ -45,47 +45,46 @@ Splitter = Callable[[str], list[dict[str, Any]]]
 
 
 class EstimateCache:
-    """Run-control estimates read from the aggregate hashes, cached until a report says they changed."""
+    """Run-control estimates for one tick, read from the compact estimate hashes (one per site and one per
+    (product, site), a field per node), so a tick reads every node's figures for a site in one command.
+
+    A cache lives for one tick only: what it holds is bounded by the work of that tick, and the next tick sees
+    the runs that finished meanwhile.
+    """
 
     def __init__(self, store: Store) -> None:
         self.store = store
-        self._cache: dict[str, Estimate | None] = {}
+        self._hashes: dict[str, dict[str, dict[str, Any]]] = {}
 
-    def _key(self, kind: str, key: str) -> str:
-        return f"{kind}\x00{key}"
-
-    def prefetch(self, wanted: Iterable[tuple[str, str]]) -> None:
-        """Load (field, hash key) pairs not cached yet, in one round trip."""
-        missing = [(f, k) for f, k in set(wanted) if self._key(f, k) not in self._cache]
+    def prefetch(self, sites: Iterable[str], group_sites: Iterable[tuple[str, str]]) -> None:
+        """Load the estimate hashes of these sites and (product, site) pairs not loaded yet, in one round trip."""
+        keys = self.store.keys
+        wanted = {keys.est_site(s) for s in sites} | {keys.est_group_site(g, s) for g, s in group_sites}
+        missing = [key for key in wanted if key not in self._hashes]
         if not missing:
             return
         with self.store.redis.pipeline(transaction=False) as pipe:
-            for f, k in missing:
-                pipe.hmget(k, f, "runs", "last_run")
-            for (f, k), (value, runs, last) in zip(missing, pipe.execute(), strict=True):
-                self._cache[self._key(f, k)] = (
-                    None if value is None else Estimate(float(value), int(runs or 0), float(last or 0)))
+            for key in missing:
+                pipe.hgetall(key)
+            for key, fields in zip(missing, pipe.execute(), strict=True):
+                self._hashes[key] = {node: json.loads(raw) for node, raw in fields.items()}
 
-    def get(self, f: str, k: str) -> Estimate | None:
-        ck = self._key(f, k)
-        if ck not in self._cache:
-            self.prefetch([(f, k)])
-        return self._cache[ck]
-
-    def invalidate(self, group: str, site: str, node: str) -> None:
-        keys = self.store.keys
-        for f in ("completion", "spp"):
-            self._cache.pop(self._key(f, keys.agg_site_node(site, node)), None)
-            self._cache.pop(self._key(f, keys.agg_group_site_node(group, site, node)), None)
+    def _field(self, key: str, node: str, name: str) -> Estimate | None:
+        if key not in self._hashes:
+            self._hashes[key] = {n: json.loads(v) for n, v in self.store.redis.hgetall(key).items()}
+        entry = self._hashes[key].get(node)
+        if not entry or entry.get(name) is None:
+            return None
+        return Estimate(float(entry[name]), int(entry.get("runs") or 0), float(entry.get("last") or 0))
 
     # --- the Estimates protocol ----------------------------------------------------------------------------
     def completion(self, site: str, node: str) -> Estimate | None:
-        return self.get("completion", self.store.keys.agg_site_node(site, node))
+        return self._field(self.store.keys.est_site(site), node, "c")
 
     def seconds_per_page(self, group: str, site: str, node: str) -> Estimate | None:
         keys = self.store.keys
-        return (self.get("spp", keys.agg_group_site_node(group, site, node))
-                or self.get("spp", keys.agg_site_node(site, node)))
+        return (self._field(keys.est_group_site(group, site), node, "spp")
+                or self._field(keys.est_site(site), node, "spp"))
 
 
 @dataclass
@@ -112,7 +111,7 @@ class Control:
         self.control_id = control_id or f"{socket.gethostname()}-{os.getpid()}"
         self.page_limit, self.time_limit = page_limit, time_limit
         self.batch, self.leader_ttl = batch, leader_ttl
-        self.estimates = EstimateCache(store)
+        self.estimates = EstimateCache(store)  # renewed every tick
         self.is_leader = False
 
     @classmethod
@@ -138,10 +137,10 @@ class Control:
         if leader != self.is_leader:
             logger.info("control %s is now %s", self.control_id, "the leader" if leader else "on standby")
             self.is_leader = leader
-            self.estimates = EstimateCache(self.store)  # a new leader trusts nothing it cached before
         result = TickResult(leader)
         if not leader:
             return result
+        self.estimates = EstimateCache(self.store)
         now = self.store.now()
         self._split(result)
         self._reports(result)
@@ -232,8 +231,6 @@ class Control:
                                                                  "last_node": None})
                 result.dead += 1
                 continue
-            st = report.subtask
-            self.estimates.invalidate(st.group, st.site, report.node)
             if self.store.commit([guard], self._advance(report)):
                 result.reports += 1
 
@@ -318,7 +315,6 @@ class Control:
                 result.dead += 1
                 continue
             st = report.subtask
-            self.estimates.invalidate(st.group, st.site, report.node)
             decision = self.recall.decide(st, report.node, report.reason, failed=True)
             if decision is RecallDecision.ABANDON:
                 writes = self._advance(report, abandoned=True)
@@ -423,7 +419,7 @@ class Control:
         total_free = sum(n.free for n in nodes)
         if not total_free:
             return
-        window = min(self.batch, max(64, 8 * total_free))
+        window = min(self.batch, max(32, 4 * total_free))
         ids = self.store.redis.zrange(k.waiting, 0, window - 1)
         if not ids:
             return
@@ -436,10 +432,7 @@ class Control:
                 self._dead_letter(["zrem", k.waiting, sid], sid, {"kind": "waiting", "reason": str(exc),
                                                                   "attempts": 0, "last_node": None})
                 result.dead += 1
-        self.estimates.prefetch(
-            (f, key) for st in subtasks for n in nodes if st.type in n.types
-            for f, key in (("completion", k.agg_site_node(st.site, n.id)), ("spp", k.agg_site_node(st.site, n.id)),
-                           ("spp", k.agg_group_site_node(st.group, st.site, n.id))))
+        self.estimates.prefetch({st.site for st in subtasks}, {(st.group, st.site) for st in subtasks})
         assignments = self.allocation.allocate(subtasks, nodes, self.estimates, now)
         if not assignments:
             return

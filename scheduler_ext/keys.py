@@ -107,6 +107,14 @@ class Keys:
         """Hash of counters and moving estimates for one (product, site, node)."""
         return self._k(f"agg:psn:{group}|{site}|{node}")
 
+    def est_site(self, site: str) -> str:
+        """Hash node -> JSON {c, spp, runs, last}: the moving estimates of every node on ``site``, for allocation."""
+        return self._k(f"est:site:{site}")
+
+    def est_group_site(self, group: str, site: str) -> str:
+        """Hash node -> JSON {spp, runs, last}: seconds per page of every node for one (product, site)."""
+        return self._k(f"est:gs:{group}|{site}")
+
     @property
     def agg_index(self) -> str:
         """Set of "site|node" pairs that have aggregates (for status and for a new leader)."""

@@ -163,9 +163,8 @@ class Report:
         return max(0.0, self.ended - self.started)
 
     def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        d["subtask"] = {"v": SCHEMA_VERSION, **asdict(self.subtask)}
-        return {"v": SCHEMA_VERSION, **d}
+        d = {f: getattr(self, f) for f in self.__dataclass_fields__ if f != "subtask"}
+        return {"v": SCHEMA_VERSION, **d, "subtask": {"v": SCHEMA_VERSION, **asdict(self.subtask)}}
 
     def to_json(self) -> str:
         return _dumps(self.to_dict())

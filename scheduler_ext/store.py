@@ -77,7 +77,7 @@ return lost
 
 # finish: end a leased subtask: run record, aggregates, report. Refused (returns 0) if the token is stale.
 # KEYS: leases, lease_info, subtasks, sleeping|failed, runs, agg site|node, agg product|site|node, agg index,
-#       count:node:<node>, progress, agg triples index
+#       count:node:<node>, progress, agg triples index, est:site:<site>, est:gs:<product>|<site>
 # ARGV: id, token, report json, runs maxlen, alpha, "site|node", offered, collected, pages, seconds, ok (1/0),
 #       group
 _FINISH = _NOW + """
@@ -114,6 +114,13 @@ for k = 6, 7 do
   elseif not ok then ewma(key, 'completion', 0) end
   if ok and pages > 0 then ewma(key, 'spp', seconds / pages) end
 end
+-- Compact copies of the estimates, one hash per site and per (product, site) with a field per node, so that
+-- the control reads every node's figures for a site in one command.
+local function num(key, field) return tonumber(redis.call('HGET', key, field)) end
+redis.call('HSET', KEYS[12], ARGV[13], cjson.encode({c = num(KEYS[6], 'completion'), spp = num(KEYS[6], 'spp'),
+  runs = num(KEYS[6], 'runs'), last = now}))
+redis.call('HSET', KEYS[13], ARGV[13], cjson.encode({spp = num(KEYS[7], 'spp'), runs = num(KEYS[7], 'runs'),
+  last = now}))
 redis.call('SADD', KEYS[8], ARGV[6])
 redis.call('SADD', KEYS[11], ARGV[12] .. '|' .. ARGV[6])
 redis.call('HINCRBY', KEYS[10], ARGV[12] .. '|collected', collected)
@@ -276,9 +283,9 @@ class Store:
         out = k.sleeping if ok else k.failed
         keys = [k.leases, k.lease_info, k.subtasks, out, k.runs, k.agg_site_node(site, node),
                 k.agg_group_site_node(group, site, node), k.agg_index, k.node_counters(node), k.progress,
-                k.agg_triples]
+                k.agg_triples, k.est_site(site), k.est_group_site(group, site)]
         args = [sid, token, report_json, runs_maxlen, alpha, f"{site}|{node}", offered, collected, pages,
-                f"{seconds:.6f}", 1 if ok else 0, group]
+                f"{seconds:.6f}", 1 if ok else 0, group, node]
         return bool(self._finish(keys=keys, args=args))
 
     def release(self, node: str, leases: Iterable[tuple[str, str, float]]) -> int:

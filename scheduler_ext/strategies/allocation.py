@@ -79,9 +79,14 @@ class DynamicAllocation(Allocation):
         self._exploring = {k: t for k, t in self._exploring.items() if now - t < self.explore_timeout}
         pairs: list[tuple[bool, float, int, Subtask, str]] = []
         explore: list[tuple[int, Subtask, str]] = []
+        memo: dict[tuple[Any, ...], tuple[list[NodeView], dict[str, tuple[float, float]]]] = {}
         for order, st in enumerate(subtasks):
-            cands = _candidates(st, nodes)
-            known = {n.id: r for n in cands if (r := self.rate(st, n, estimates, now)) is not None}
+            # Subtasks of one (product, site, type) with the same nodes to avoid rank nodes alike: rate them once.
+            key = (st.group, st.site, st.type, tuple(st.avoid))
+            if key not in memo:
+                cands = _candidates(st, nodes)
+                memo[key] = cands, {n.id: r for n in cands if (r := self.rate(st, n, estimates, now)) is not None}
+            cands, known = memo[key]
             for n in cands:
                 if n.id not in known and n.id in free and (st.site, n.id) not in self._exploring:
                     explore.append((order, st, n.id))
