@@ -36,8 +36,7 @@ from .exceptions import ConfigurationError, InvalidInput
 from .keys import Keys
 from .models import Report, Subtask, Task, loads_object
 from .store import Store
-from .strategies import (Allocation, Estimate, Modification, NodeView, Recall, RecallDecision,
-                         load_strategy)
+from .strategies import Allocation, Estimate, Modification, NodeView, Recall, RecallDecision, load_strategy
 
 logger = logging.getLogger(__name__)
 

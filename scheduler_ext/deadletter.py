@@ -40,7 +40,8 @@ def requeue(store: Store, entry_id: str) -> str:
     if isinstance(entry.get("subtask"), dict):
         st = Subtask.from_dict(entry["subtask"], f"dead-letter entry {entry_id}")
         fresh = Subtask(**{**st.__dict__, "attempt": 0, "avoid": [], "node": None, "since": store.now()})
-        writes = [["hset", k.subtasks, fresh.id, fresh.to_json()], ["zadd", k.waiting, fresh.priority, fresh.id],
+        writes: list[list[Any]] = [["hset", k.subtasks, fresh.id, fresh.to_json()],
+                                   ["zadd", k.waiting, fresh.priority, fresh.id],
                   ["hincrby", k.counters, "requeued", 1]]
         where = "waiting"
     elif entry.get("kind") == "virtual" and entry.get("raw"):

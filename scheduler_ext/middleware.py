@@ -54,7 +54,7 @@ class _Base:
 
 class SubtaskDownloaderMiddleware(_Base):
     def process_request(self, request: Request) -> None:
-        tracker, sid = self.tracker, request.meta.get(META_SID)
+        tracker, sid = self.tracker, str(request.meta.get(META_SID))
         active = tracker.get(sid) if tracker else None
         if active is None:
             return
@@ -73,7 +73,7 @@ class SubtaskDownloaderMiddleware(_Base):
         request.meta[_STARTED] = time.monotonic()
 
     def process_response(self, request: Request, response: Response) -> Request | Response:
-        tracker, sid = self.tracker, request.meta.get(META_SID)
+        tracker, sid = self.tracker, str(request.meta.get(META_SID))
         active = tracker.get(sid) if tracker else None
         if active is None:
             return response
@@ -95,7 +95,7 @@ class SubtaskDownloaderMiddleware(_Base):
         return response
 
     def process_exception(self, request: Request, exception: Exception) -> None:
-        tracker, sid = self.tracker, request.meta.get(META_SID)
+        tracker, sid = self.tracker, str(request.meta.get(META_SID))
         active = tracker.get(sid) if tracker else None
         if active is None or isinstance(exception, IgnoreRequest):
             return

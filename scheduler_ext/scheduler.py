@@ -35,6 +35,7 @@ import redis
 from scrapy import Request, Spider, signals
 from scrapy.exceptions import DontCloseSpider
 from scrapy.utils.asyncio import create_looping_call
+from scrapy.utils.reactor import CallLaterOnce
 
 from .connection import redis_from_settings
 from .defaults import setting, setting_float, setting_int
@@ -93,6 +94,7 @@ class SubtaskScheduler:
         self._idle_since: float | None = None
         self._closing = False
         self._redis_ok = True
+        self._refill_soon = CallLaterOnce(self.refill)
 
     @classmethod
     def from_crawler(cls, crawler: Any) -> SubtaskScheduler:
@@ -129,6 +131,7 @@ class SubtaskScheduler:
 
     def close(self, reason: str) -> None:
         self._closing = True
+        self._refill_soon.cancel()
         for loop in self._loops:
             if loop.running:
                 loop.stop()
@@ -156,7 +159,7 @@ class SubtaskScheduler:
     def next_request(self) -> Request | None:
         while self.queue:
             request = self.queue.popleft()
-            sid, page = request.meta.get(META_SID), request.meta.get(META_PAGE)
+            sid, page = str(request.meta.get(META_SID)), request.meta.get(META_PAGE)
             active = self.tracker.get(sid)
             if active is not None and page is not None and active.moot(page):
                 self.stats.inc_value("schedext/pages/dropped")
@@ -217,7 +220,7 @@ class SubtaskScheduler:
             logger.error("spider could not expand subtask %s: %s", subtask.id, exc)
             active.failure = f"spider could not expand the subtask: {exc}"
             requests = []
-        pages = []
+        pages: list[int] = []
         for request in requests:
             request.meta[META_SID] = subtask.id
             request.meta.setdefault(META_PAGE, len(pages) + subtask.first_page)
@@ -280,9 +283,7 @@ class SubtaskScheduler:
                         len(a.pages_done), f" ({a.failure})" if a.failure else "")
         if not self._closing:
             # Take the next subtask at once, but outside the signal handler or callback that completed this one.
-            from twisted.internet import reactor
-
-            reactor.callLater(0, self.refill)
+            self._refill_soon.schedule()
 
     # --- keeping the spider open ---------------------------------------------------------------------------
     def _on_idle(self) -> None:

@@ -242,7 +242,8 @@ class Store:
     """The atomic operations on one deployment's scheduling state (one key prefix)."""
 
     def __init__(self, client: redis.Redis, keys: Keys) -> None:
-        self.redis = client
+        # Typed Any on purpose: redis-py's annotations cannot express that a decode_responses client returns str.
+        self.redis: Any = client
         self.keys = keys
         self._take = client.register_script(_TAKE)
         self._heartbeat = client.register_script(_HEARTBEAT)
@@ -284,7 +285,7 @@ class Store:
         keys = [k.leases, k.lease_info, k.subtasks, out, k.runs, k.agg_site_node(site, node),
                 k.agg_group_site_node(group, site, node), k.agg_index, k.node_counters(node), k.progress,
                 k.agg_triples, k.est_site(site), k.est_group_site(group, site)]
-        args = [sid, token, report_json, runs_maxlen, alpha, f"{site}|{node}", offered, collected, pages,
+        args: list[Any] = [sid, token, report_json, runs_maxlen, alpha, f"{site}|{node}", offered, collected, pages,
                 f"{seconds:.6f}", 1 if ok else 0, group, node]
         return bool(self._finish(keys=keys, args=args))
 

@@ -60,13 +60,15 @@ def finish(store: Store, node: str, st: Subtask, token: str, *, ok: bool = True,
 
 
 def test_split_creates_tasks_and_first_subtasks_in_fifo_order(store: Store) -> None:
-    inject(store, {"name": "光明高钙牛奶", "sites": ["a.com", "b.com"]}, {"name": "特仑苏", "brand": "蒙牛", "sites": ["a.com"]})
+    inject(store, {"name": "光明高钙牛奶", "sites": ["a.com", "b.com"]},
+           {"name": "特仑苏", "brand": "蒙牛", "sites": ["a.com"]})
     result = make_control(store).tick()
     assert result.leader and result.split == 2
     k = store.keys
     assert store.redis.llen(k.virtual) == 0 and store.redis.hlen(k.tasks) == 3
     waiting = [Subtask.from_json(store.redis.hget(k.subtasks, sid)) for sid in store.redis.zrange(k.waiting, 0, -1)]
-    assert [(s.group, s.site) for s in waiting] == [("光明高钙牛奶", "a.com"), ("光明高钙牛奶", "b.com"), ("特仑苏", "a.com")]
+    assert [(s.group, s.site) for s in waiting] == [
+        ("光明高钙牛奶", "a.com"), ("光明高钙牛奶", "b.com"), ("特仑苏", "a.com")]
     assert all(s.first_page == 0 and s.page_limit == 3 and s.time_limit == 20.0 for s in waiting)
     assert waiting[2].payload["keywords"] == ["蒙牛", "特仑苏"]
 

@@ -7,6 +7,7 @@ import pickle
 from typing import Any
 
 from conftest import FAST_PROFILE
+
 from product_crawl.cluster import LocalCluster, NodeSpec
 from product_crawl.simweb.corpus import corpus_size
 from scheduler_ext.models import Report, Subtask
@@ -18,7 +19,8 @@ def subtask(sid: str, site: str = "good.example", first_page: int = 0, pages: in
             **kw: Any) -> Subtask:
     return Subtask(id=sid, task="t" + sid, group="光明高钙牛奶", site=site, first_page=first_page, page_limit=pages,
                    time_limit=time_limit, payload={"engine": "baidu", "keywords": WORDS,
-                                                   "keywords_joined": "光明&高钙&牛奶", "product": "光明高钙牛奶"}, **kw)
+                                                   "keywords_joined": "光明&高钙&牛奶",
+                                                   "product": "光明高钙牛奶"}, **kw)
 
 
 def push(cluster: LocalCluster, node: str, *entries: str | bytes) -> None:
@@ -47,7 +49,8 @@ def test_subtask_pushed_by_hand_is_crawled_stored_and_reported(cluster: LocalClu
     assert {i["subtask_id"] for i in items} == {"s1"} and {i["node_id"] for i in items} == {"node1"}
     assert sorted(i["rank"] for i in items) == list(range(1, 31))
     first = min(items, key=lambda i: i["rank"])
-    assert first["product"] == "光明高钙牛奶" and first["keywords"] == "光明&高钙&牛奶" and first["site"] == "good.example"
+    assert first["product"] == "光明高钙牛奶" and first["keywords"] == "光明&高钙&牛奶"
+    assert first["site"] == "good.example"
     assert first["title"] and first["url"].startswith("http") and first["engine"] == "baidu" and first["page"] == 0
     runs = cluster.redis.xrange(cluster.store.keys.runs)
     assert len(runs) == 1 and json.loads(runs[0][1]["report"])["subtask"]["id"] == "s1"

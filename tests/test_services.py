@@ -7,6 +7,7 @@ import socket
 from pathlib import Path
 
 from conftest import run_scrapy
+
 from product_crawl import services
 
 

@@ -21,7 +21,8 @@ waiting subtasks in priority order:
 Baselines: :class:`SharedAllocation` (any free node takes the next subtask in FIFO order, as with one shared
 scrapy-redis queue) and :class:`RoundRobinAllocation` (static: a task's subtasks always go to one node, chosen by
 task id). Every strategy honours ``avoid`` (the nodes a recalled subtask failed on) when another node is
-alive: that is part of what a recall means, not of how a strategy ranks nodes. The oracle baseline, which is told the truth, lives with the simulated web that knows it.
+alive: that is part of what a recall means, not of how a strategy ranks nodes. The oracle baseline, which is
+told the truth, lives with the simulated web that knows it (product_crawl/oracle.py).
 """
 
 from __future__ import annotations
@@ -85,7 +86,7 @@ class DynamicAllocation(Allocation):
             key = (st.group, st.site, st.type, tuple(st.avoid))
             if key not in memo:
                 cands = _candidates(st, nodes)
-                memo[key] = cands, {n.id: r for n in cands if (r := self.rate(st, n, estimates, now)) is not None}
+                memo[key] = cands, {n.id: rs for n in cands if (rs := self.rate(st, n, estimates, now)) is not None}
             cands, known = memo[key]
             for n in cands:
                 if n.id not in known and n.id in free and (st.site, n.id) not in self._exploring:
