@@ -12,8 +12,8 @@ import subprocess
 import sys
 import uuid
 from collections.abc import Iterator
-from typing import Any
 from pathlib import Path
+from typing import Any
 
 import pymongo
 import pytest

@@ -10,6 +10,7 @@ import json
 import time
 
 from conftest import FAST_PROFILE, FAST_SETTINGS
+
 from product_crawl.cluster import LocalCluster, NodeSpec
 from product_crawl.simweb.corpus import corpus_size
 from product_crawl.tasks import keywords_for

@@ -23,7 +23,7 @@ from scrapy.commands import ScrapyCommand
 from product_crawl.cluster import LocalCluster, paper_nodes
 from product_crawl.commands._base import write_error, write_line
 from product_crawl.commands.status import render, table
-from product_crawl.services import DEFAULT_MONGO_URI, Services, ServiceError
+from product_crawl.services import DEFAULT_MONGO_URI, ServiceError, Services
 
 PRODUCTS: list[dict[str, Any]] = [{"name": "光明高钙牛奶"}, {"name": "特仑苏", "brand": "蒙牛"}, {"name": "蒙牛早餐奶"},
                                   {"name": "雀巢中老年奶粉"}]

@@ -7,7 +7,7 @@ import sys
 
 from scrapy.commands import ScrapyCommand
 
-from product_crawl.services import Services, ServiceError
+from product_crawl.services import ServiceError, Services
 
 
 class Command(ScrapyCommand):
