@@ -1,7 +1,8 @@
 """MongoDB storage of collected items: pymongo through itemadapter, upserts by a unique key, batched off the reactor.
 
 Settings: ``MONGO_URI`` (default mongodb://127.0.0.1:27017), ``MONGO_DATABASE``, ``PC_MONGO_COLLECTION``,
-``PC_MONGO_BATCH_SIZE`` (items per bulk write), ``PC_MONGO_BATCH_DELAY`` (seconds an item may wait for its batch).
+``PC_MONGO_BATCH_SIZE`` (items per bulk write), ``PC_MONGO_BATCH_DELAY`` (seconds an item may wait for its batch),
+``PC_MONGO_TIMEOUT`` (seconds before an unanswered write counts as failed).
 
 Each item is upserted on (``fingerprint``, ``product``), ``fingerprint`` being the SHA-1 of the canonical URL: the
 same result crawled again (a recalled subtask, another node) updates ``last_crawled_at`` and is never stored
@@ -42,8 +43,9 @@ class StorageError(RuntimeError):
 
 class MongoPipeline:
     def __init__(self, uri: str, database: str, collection: str, batch_size: int = 100,
-                 batch_delay: float = 0.2) -> None:
+                 batch_delay: float = 0.2, timeout: float = 10.0) -> None:
         self.uri, self.database_name, self.collection_name = uri, database, collection
+        self.timeout = timeout
         self.batch_size, self.batch_delay = batch_size, batch_delay
         self.client: Any = None
         self.collection: Any = None
@@ -58,10 +60,11 @@ class MongoPipeline:
             raise NotConfigured("PC_MONGO_ENABLED is off")
         return cls(s.get("MONGO_URI") or DEFAULT_MONGO_URI, s.get("MONGO_DATABASE") or "product_crawl",
                    s.get("PC_MONGO_COLLECTION") or "items", s.getint("PC_MONGO_BATCH_SIZE", 100),
-                   s.getfloat("PC_MONGO_BATCH_DELAY", 0.2))
+                   s.getfloat("PC_MONGO_BATCH_DELAY", 0.2), s.getfloat("PC_MONGO_TIMEOUT", 10.0))
 
     async def open_spider(self) -> None:
-        self.client = pymongo.MongoClient(self.uri, serverSelectionTimeoutMS=10_000, retryWrites=True)
+        ms = int(self.timeout * 1000)
+        self.client = pymongo.MongoClient(self.uri, serverSelectionTimeoutMS=ms, socketTimeoutMS=ms, retryWrites=True)
         self.collection = self.client[self.database_name][self.collection_name]
         await deferred_to_future(threads.deferToThread(self._create_indexes))
         logger.info("storing items in %s.%s", self.database_name, self.collection_name)

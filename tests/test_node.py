@@ -125,3 +125,45 @@ def test_kill_9_mid_subtask_leaves_lease_and_recrawl_stores_no_duplicates(cluste
     assert len(coll.distinct("fingerprint")) == total
     # The first node's lease was replaced by the second's take; its late finish would be refused by the token.
     assert Report.from_json(cluster.redis.lindex(keys.sleeping, 0)).node == "node3"
+
+
+def test_sigterm_returns_unfinished_and_queued_subtasks_to_waiting(cluster: LocalCluster) -> None:
+    cluster.start_simweb(FAST_PROFILE)
+    first, second = subtask("w1", site="slow.example", pages=5, priority=1.0), subtask("w2", priority=2.0)
+    push(cluster, "node1", first.to_json(), second.to_json())
+    cluster.start_node(NodeSpec("node1", "127.0.0.2"), CONCURRENT_REQUESTS=1)
+    keys = cluster.store.keys
+    assert cluster.wait_for(lambda: cluster.redis.zscore(keys.leases, "w1") is not None, 60)
+    assert cluster.stop_process("node1") == 0
+    # Both are back in waiting at once, with their priorities: nothing waits for a recall.
+    assert cluster.redis.zrange(keys.waiting, 0, -1, withscores=True) == [("w1", 1.0), ("w2", 2.0)]
+    assert not cluster.redis.zcard(keys.leases) and not cluster.redis.llen(keys.crawl("node1"))
+    assert Subtask.from_json(cluster.redis.hget(keys.subtasks, "w2")).id == "w2"
+    assert not cluster.redis.hexists(keys.nodes, "node1")  # deregistered
+
+
+def test_http_error_fails_the_subtask_with_the_status(cluster: LocalCluster) -> None:
+    cluster.start_simweb(FAST_PROFILE)
+    push(cluster, "node4", subtask("e1", site="error.example", pages=2).to_json())
+    assert cluster.start_node(NodeSpec("node4", "127.0.0.5"), SCHEDEXT_IDLE_CLOSE=1).wait(60) == 0
+    [failure] = reports(cluster, "failed")
+    assert failure["reason"].startswith("HTTP 503") and failure["subtask"]["id"] == "e1"
+
+
+def test_mongodb_write_error_fails_the_subtask_and_drops_nothing_silently(cluster: LocalCluster, tmp_path: Any
+                                                                          ) -> None:
+    from product_crawl import services
+
+    port = services.free_port()
+    mongo = services.start_mongo_server(port, tmp_path / "private-mongo")
+    cluster.start_simweb(FAST_PROFILE)
+    push(cluster, "node1", subtask("m1", site="slow.example", pages=5).to_json())
+    cluster.start_node(NodeSpec("node1", "127.0.0.2"), CONCURRENT_REQUESTS=1, PC_MONGO_TIMEOUT=1,
+                       MONGO_URI=f"mongodb://127.0.0.1:{port}")
+    keys = cluster.store.keys
+    assert cluster.wait_for(lambda: cluster.redis.zscore(keys.leases, "m1") is not None, 60)
+    services.stop_pid(mongo.pid)  # MongoDB goes away while the subtask is being crawled
+    assert cluster.wait_for(lambda: cluster.redis.llen(keys.failed) == 1, 60)
+    [failure] = reports(cluster, "failed")
+    assert failure["subtask"]["id"] == "m1" and "item pipeline error" in failure["reason"]
+    assert not cluster.redis.llen(keys.sleeping)  # reported as failed, so the control recalls it
