@@ -11,12 +11,20 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from urllib.parse import parse_qs, urlencode, urlsplit
+from urllib.parse import parse_qs, urlsplit
 
 from parsel import Selector
 from scrapy.http import Response, TextResponse
 
-from product_crawl.engines import Engine, Result, ResultPage, clean_text, normalize_date, parse_count
+from product_crawl.engines import (
+    Engine,
+    Result,
+    ResultPage,
+    clean_text,
+    encode_param,
+    normalize_date,
+    parse_count,
+)
 
 # Old: "百度为您找到相关结果约1,230个"; new: "找到相关结果数约1,230个"; both with or without 约.
 _COUNT = re.compile(r"找到相关结果数?\s*约?\s*([\d,，]+)\s*个")
@@ -40,8 +48,7 @@ class BaiduEngine(Engine):
         query = " ".join(words)
         if site:
             query = f"{query} site:{site}" if query else f"site:{site}"
-        params = [("wd", query), ("pn", str(self.page_size * page)), ("cl", "0"), ("ie", "utf-8")]
-        return f"{self.base_url}/s?{urlencode(params)}"
+        return f"{self.base_url}/s?{encode_param('wd', query)}&pn={self.page_size * page}&cl=0&ie=utf-8"
 
     def parse(self, response: TextResponse) -> ResultPage:
         offset = _offset(response.url)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from typing import Any
-from urllib.parse import parse_qs, urlencode, urlsplit
+from urllib.parse import parse_qs, urlsplit
 
 from scrapy.http import Response, TextResponse
 from scrapy.settings import BaseSettings
@@ -27,6 +27,7 @@ from product_crawl.engines import (
     Result,
     ResultPage,
     clean_text,
+    encode_param,
     normalize_date,
     parse_count,
 )
@@ -55,8 +56,7 @@ class WeiboEngine(Engine):
             raise ValueError(f"page must be >= 0, got {page}")
         terms = "&".join([*words, self.extra_word] if self.extra_word else list(words))
         query = f"site:{site} {terms}" if site else terms
-        params = [("p", str(page + 1)), ("q", query), ("wbts", "1")]
-        return f"{self.base_url}/Weibo.php?{urlencode(params)}"
+        return f"{self.base_url}/Weibo.php?p={page + 1}&{encode_param('q', query)}&wbts=1"
 
     def parse(self, response: TextResponse) -> ResultPage:
         offset = _offset(response.url, self.page_size)
