@@ -4,6 +4,13 @@ from __future__ import annotations
 
 import os
 import sys
+from typing import Any
+
+from scheduler_ext.connection import ensure_reachable, redis_from_settings
+from scheduler_ext.defaults import setting
+from scheduler_ext.exceptions import ServiceUnavailable
+from scheduler_ext.keys import Keys
+from scheduler_ext.store import Store
 
 
 class OutputClosed(Exception):
@@ -22,6 +29,17 @@ def write_line(text: str) -> None:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         raise OutputClosed("stdout was closed by its reader") from exc
+
+
+def open_store(settings: Any) -> Store | None:
+    """The deployment's store (``SCHEDEXT_PREFIX`` on ``REDIS_URL``), or None after an error naming the server."""
+    client = redis_from_settings(settings)
+    try:
+        ensure_reachable(client)
+    except ServiceUnavailable as exc:
+        write_error(str(exc))
+        return None
+    return Store(client, Keys(setting(settings, "SCHEDEXT_PREFIX")))
 
 
 def write_error(text: str) -> None:

@@ -8,12 +8,9 @@ import json
 from scrapy.commands import ScrapyCommand
 from scrapy.exceptions import UsageError
 
-from product_crawl.commands._base import write_error, write_line
+from product_crawl.commands._base import open_store, write_error, write_line
 from scheduler_ext import deadletter
-from scheduler_ext.connection import ensure_reachable, redis_from_settings
-from scheduler_ext.defaults import setting
-from scheduler_ext.exceptions import InvalidInput, ServiceUnavailable
-from scheduler_ext.keys import Keys
+from scheduler_ext.exceptions import InvalidInput
 from scheduler_ext.store import Store
 
 
@@ -36,14 +33,10 @@ class Command(ScrapyCommand):
         if not args or args[0] not in ("list", "requeue", "drop") or len(args) != (1 if args[0] == "list" else 2):
             raise UsageError("expected: list | requeue ID | drop ID")
         assert self.settings is not None
-        client = redis_from_settings(self.settings)
-        try:
-            ensure_reachable(client)
-        except ServiceUnavailable as exc:
-            write_error(str(exc))
+        store = open_store(self.settings)
+        if store is None:
             self.exitcode = 1
             return
-        store = Store(client, Keys(setting(self.settings, "SCHEDEXT_PREFIX")))
         try:
             if args[0] == "list":
                 self._list(store, opts.json)

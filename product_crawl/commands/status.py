@@ -10,13 +10,9 @@ from typing import Any
 
 from scrapy.commands import ScrapyCommand
 
-from product_crawl.commands._base import OutputClosed, write_error, write_line
-from scheduler_ext.connection import ensure_reachable, redis_from_settings
-from scheduler_ext.defaults import setting, setting_float
-from scheduler_ext.exceptions import ServiceUnavailable
-from scheduler_ext.keys import Keys
+from product_crawl.commands._base import OutputClosed, open_store, write_line
+from scheduler_ext.defaults import setting_float
 from scheduler_ext.status import collect_status
-from scheduler_ext.store import Store
 
 
 def _fmt(value: float | None, digits: int = 2) -> str:
@@ -84,14 +80,10 @@ class Command(ScrapyCommand):
 
     def run(self, args: list[str], opts: argparse.Namespace) -> None:
         assert self.settings is not None
-        client = redis_from_settings(self.settings)
-        try:
-            ensure_reachable(client)
-        except ServiceUnavailable as exc:
-            write_error(str(exc))
+        store = open_store(self.settings)
+        if store is None:
             self.exitcode = 1
             return
-        store = Store(client, Keys(setting(self.settings, "SCHEDEXT_PREFIX")))
         threshold = setting_float(self.settings, "SCHEDEXT_RECALL_THRESHOLD")
         try:
             while True:
