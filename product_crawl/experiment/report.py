@@ -1,0 +1,241 @@
+"""The experiment's outputs besides summary.json: PNG plots (matplotlib, Agg), report.html and the console table.
+
+Plots (docs/experiment.md shows them):
+
+``fig4.png`` (and ``fig4_<configuration>.png`` for every other run)
+    The paper's Figure 4: one panel per node, one colour per site. Lines: the scheduler's moving completion
+    estimate of (site, node); dots: the completion measured over the last ``WINDOW`` seconds (collected / offered
+    results). Dotted vertical lines mark the profile's phase changes.
+``fig5.png``
+    The paper's Figure 5: per node, the relative gain in items attributed to each strategy (with ablation runs)
+    and of the full dynamic configuration over ``shared``.
+``items.png``
+    Unique items in MongoDB over time, one line per configuration.
+"""
+
+from __future__ import annotations
+
+import html
+from pathlib import Path
+from typing import Any
+
+from product_crawl.experiment.runner import WINDOW
+
+
+def _pyplot() -> Any:
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only: no display on the machines this runs on
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def plot_completion(summary: dict[str, Any], configuration: str, path: Path) -> None:
+    """Figure 4 for one configuration: a grid of panels, one per node, one colour per site."""
+    plt = _pyplot()
+    run = summary["runs"][configuration]
+    nodes = list(summary["nodes"])
+    cols = 2 if len(nodes) > 1 else 1
+    rows = (len(nodes) + cols - 1) // cols
+    fig, axes = plt.subplots(rows, cols, figsize=(6 * cols, 3.4 * rows), squeeze=False, sharex=True, sharey=True)
+    colours = plt.get_cmap("tab10")
+    for i, node in enumerate(nodes):
+        ax = axes[i // cols][i % cols]
+        for j, site in enumerate(summary["sites"]):
+            colour = colours(j % 10)
+            est = run["estimate_over_time"].get(node, {}).get(site, [])
+            measured = run["completion_over_time"].get(node, {}).get(site, [])
+            if est:
+                ax.plot([p[0] for p in est], [p[1] for p in est], color=colour, label=site, linewidth=1.6)
+            if measured:
+                ax.scatter([p[0] for p in measured], [p[1] for p in measured], color=colour, s=10, alpha=0.6,
+                           label=None if est else site)
+        for t in summary["profile"]["phases"]:
+            if t <= summary["duration"]:
+                ax.axvline(t, color="grey", linestyle=":", linewidth=1)
+        info = summary["nodes"][node]
+        suited = ", ".join(run["nodes"][node]["suited_sites"]) or "-"
+        ax.set_title(f"{node} ({info['address']}) - suits at the end: {suited}", fontsize=9)
+        ax.set_ylim(-0.03, 1.03)
+        ax.set_xlim(0, summary["duration"])
+        ax.grid(alpha=0.3)
+        if i // cols == rows - 1:
+            ax.set_xlabel("seconds since start")
+        if i % cols == 0:
+            ax.set_ylabel("completion rate")
+    for k in range(len(nodes), rows * cols):
+        axes[k // cols][k % cols].axis("off")
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    for row in axes:
+        for ax in row:
+            for h, lab in zip(*ax.get_legend_handles_labels(), strict=True):
+                if lab not in labels:
+                    handles.append(h)
+                    labels.append(lab)
+    fig.legend(handles, labels, loc="lower center", ncol=min(len(labels), 6), fontsize=8)
+    fig.suptitle(f"Completion per site on each node ({configuration}): line = moving estimate, "
+                 f"dots = measured over {WINDOW:.0f} s", fontsize=10)
+    fig.tight_layout(rect=(0, 0.06, 1, 0.96))
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def plot_gains(summary: dict[str, Any], path: Path) -> None:
+    """Figure 5: per node, grouped bars of the relative gain per strategy (and of dynamic over shared)."""
+    plt = _pyplot()
+    nodes = list(summary["nodes"])
+    series: list[tuple[str, dict[str, float | None]]] = [
+        (f"{s} (vs dynamic without it)", v) for s, v in summary["gains"].get("strategies", {}).items()]
+    if "over_shared" in summary["gains"]:
+        series.append(("dynamic vs shared", summary["gains"]["over_shared"]))
+    fig, ax = plt.subplots(figsize=(max(6, 1.8 * len(nodes) + 2), 4))
+    if not series:
+        ax.text(0.5, 0.5, "no gains: run dynamic with shared and/or --ablations", ha="center", va="center")
+        ax.axis("off")
+    width = 0.8 / max(1, len(series))
+    for k, (label, values) in enumerate(series):
+        xs = [i + (k - (len(series) - 1) / 2) * width for i in range(len(nodes))]
+        ax.bar(xs, [100 * (values.get(n) or 0.0) for n in nodes], width=width, label=label)
+    ax.axhline(0, color="black", linewidth=0.8)
+    ax.set_xticks(range(len(nodes)), nodes)
+    ax.set_ylabel("gain in items collected (%)")
+    ax.set_title("Efficiency gain per node attributed to each strategy")
+    if series:
+        ax.legend(fontsize=8)
+    ax.grid(axis="y", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def plot_items(summary: dict[str, Any], path: Path) -> None:
+    """Unique items over time, one line per configuration."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for name, run in summary["runs"].items():
+        pts = run["items_over_time"]
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], label=f"{name} ({run['unique_items']})")
+    for t in summary["profile"]["phases"]:
+        if t <= summary["duration"]:
+            ax.axvline(t, color="grey", linestyle=":", linewidth=1)
+    ax.set_xlabel("seconds since start")
+    ax.set_ylabel("unique items in MongoDB")
+    ax.set_title(f"Items collected over time (profile {summary['profile']['name']}, seed {summary['seed']})")
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def write_plots(summary: dict[str, Any], out: Path) -> list[str]:
+    """Write every plot into ``out``; returns their file names."""
+    names = []
+    main = "dynamic" if "dynamic" in summary["runs"] else next(iter(summary["runs"]))
+    for name in summary["runs"]:
+        file = "fig4.png" if name == main else f"fig4_{name}.png"
+        plot_completion(summary, name, out / file)
+        names.append(file)
+    plot_gains(summary, out / "fig5.png")
+    plot_items(summary, out / "items.png")
+    return [names[0], "fig5.png", "items.png", *names[1:]]
+
+
+def _num(value: Any, fmt: str = "{:.2f}") -> str:
+    return "-" if value is None else fmt.format(value)
+
+
+def table_rows(summary: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
+    """Header and rows of the per-configuration table (console and HTML)."""
+    items = {n: r["unique_items"] for n, r in summary["runs"].items()}
+    headers = ["configuration", "unique items", "completion", "served share", "items/s", "vs shared", "vs oracle",
+               "moved out", "modified", "recalled", "dead", "tasks done"]
+    rows = []
+    for name, run in summary["runs"].items():
+        nodes = run["nodes"].values()
+        rows.append([name, str(run["unique_items"]), _num(run["completion"], "{:.4f}"), _num(run["served_share"]),
+                     _num(run["items_per_second"], "{:.1f}"),
+                     _num(items[name] / items["shared"] if items.get("shared") else None),
+                     _num(items[name] / items["oracle"] if items.get("oracle") else None),
+                     *(str(sum(n[k] for n in nodes)) for k in ("moved_out", "modified", "recalled", "dead")),
+                     f"{run['tasks']['done']}/{run['tasks']['total']}"])
+    return headers, rows
+
+
+def goal_lines(summary: dict[str, Any]) -> list[str]:
+    """One sentence per goal: reached or not, with the numbers."""
+    r, lines = summary["ratios"], []
+    for goal, met in summary["goals"].items():
+        state = "not measured" if met is None else ("REACHED" if met else "NOT reached")
+        if goal.startswith("dynamic_vs_shared"):
+            detail = f"dynamic / shared = {_num(r['dynamic_vs_shared'])}"
+        elif goal.startswith("dynamic_vs_oracle"):
+            detail = f"dynamic / oracle = {_num(r['dynamic_vs_oracle'])}"
+        else:
+            dyn = summary["runs"].get("dynamic", {}).get("nodes", {})
+            detail = "late pages on suited sites: " + (", ".join(
+                f"{n} {_num(v['suited_share'])}" for n, v in dyn.items()) or "-")
+        lines.append(f"{goal}: {state} ({detail})")
+    return lines
+
+
+def console_table(summary: dict[str, Any]) -> list[str]:
+    """The lines ``scrapy experiment`` prints at the end."""
+    from product_crawl.commands.status import table
+
+    headers, rows = table_rows(summary)
+    lines = table(headers, rows)
+    nodes = list(summary["nodes"])
+    node_rows = []
+    for name, run in summary["runs"].items():
+        node_rows.append([name, *(f"{run['nodes'][n]['items']}" for n in nodes)])
+    lines += ["", "items per node (first stored by):", *table(["configuration", *nodes], node_rows)]
+    over = summary["gains"].get("over_shared")
+    if over:
+        lines += ["", "gain over shared per node: " + ", ".join(f"{n} {_num(v, '{:+.0%}')}" for n, v in over.items())]
+    for s, v in summary["gains"].get("strategies", {}).items():
+        lines.append(f"gain from {s} per node: " + ", ".join(f"{n} {_num(g, '{:+.0%}')}" for n, g in v.items()))
+    return [*lines, "", *goal_lines(summary)]
+
+
+def write_html(summary: dict[str, Any], out: Path, images: list[str]) -> Path:
+    """``report.html``: goals with numbers, the table, the plots, the per-node details and the settings."""
+    e = html.escape
+    headers, rows = table_rows(summary)
+
+    def tab(head: list[str], body: list[list[str]]) -> str:
+        return ("<table><tr>" + "".join(f"<th>{e(h)}</th>" for h in head) + "</tr>" +
+                "".join("<tr>" + "".join(f"<td>{e(c)}</td>" for c in r) + "</tr>" for r in body) + "</table>")
+
+    node_head = ["configuration", "node", "items", "runs", "pages", "served share", "moved out", "moved in",
+                 "modified", "recalled", "dead", "late pages on suited sites", "suited sites (end)"]
+    node_body = [[name, n, str(v["items"]), str(v["runs"]), str(v["pages"]),
+                  _num(v["collected"] / v["offered"] if v["offered"] else None), str(v["moved_out"]),
+                  str(v["moved_in"]), str(v["modified"]), str(v["recalled"]), str(v["dead"]),
+                  _num(v["suited_share"]), ", ".join(v["suited_sites"])]
+                 for name, run in summary["runs"].items() for n, v in run["nodes"].items()]
+    goals = "".join(f"<li>{e(line)}</li>" for line in goal_lines(summary))
+    figs = "".join(f'<figure><img src="{e(img)}" alt="{e(img)}"><figcaption>{e(img)}</figcaption></figure>'
+                   for img in images)
+    settings = ", ".join(f"{k}={v}" for k, v in summary["settings"].items())
+    page = f"""<!DOCTYPE html>
+<html><head><meta charset="utf-8"><title>Experiment: {e(summary['profile']['name'])}</title>
+<style>body{{font-family:sans-serif;max-width:1300px;margin:1em auto}}table{{border-collapse:collapse;margin:1em 0}}
+td,th{{border:1px solid #bbb;padding:2px 6px;font-size:13px}}img{{max-width:100%}}figure{{margin:1em 0}}</style>
+</head><body>
+<h1>Dynamic scheduling experiment</h1>
+<p>Profile <b>{e(summary['profile']['name'])}</b> ({e(summary['profile']['source'])}), seed {summary['seed']},
+{summary['duration']:.0f} s per configuration, {len(summary['nodes'])} nodes, sites {e(', '.join(summary['sites']))},
+products {e(', '.join(summary['products']))}; the simulated web holds {summary['corpus']['total']} results for these
+queries.</p>
+<h2>Goals</h2><ul>{goals}</ul>
+<h2>Configurations</h2>{tab(headers, rows)}
+{figs}
+<h2>Per node</h2>{tab(node_head, node_body)}
+<p>Settings of every configuration: {e(settings)}</p>
+</body></html>
+"""
+    path = out / "report.html"
+    path.write_text(page, encoding="utf-8")
+    return path

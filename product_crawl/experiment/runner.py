@@ -1,0 +1,347 @@
+"""Running the experiment: one fresh cluster per configuration, sampled over the same wall time.
+
+For each configuration in turn: delete the experiment's Redis keys and MongoDB database, start the crawl nodes
+(one ``scrapy crawl search`` process per node, each bound to its own loopback address) and wait until every node
+heartbeats, then start a fresh simulated web (so its phase clock starts at 0 for every configuration), inject the
+products and start the control. The run's clock starts with the simulated web; every ``sample_interval`` seconds
+the runner records the unique items in MongoDB and the cumulative offered / collected results and runs per
+(node, site) from ``collect_status``; at ``duration`` seconds it takes the final sample and stops everything.
+
+What is compared is therefore the same profile, seed, products, nodes and wall time under each configuration's
+strategies; docs/experiment.md describes the metrics and the summary schema.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from product_crawl.cluster import LocalCluster, NodeSpec
+from product_crawl.services import free_port
+from product_crawl.simweb.corpus import corpus_size
+from product_crawl.simweb.profile import Profile, ProfileError, load_profile
+from product_crawl.simweb.server import SimWebProcess
+from product_crawl.tasks import keywords_for
+
+logger = logging.getLogger(__name__)
+
+_ALLOC = "scheduler_ext.strategies.allocation."
+_MOD = "scheduler_ext.strategies.modification."
+_RECALL = "scheduler_ext.strategies.recall."
+
+#: Configuration name -> (what it is, the strategy settings it sets on nodes and control).
+CONFIGURATIONS: dict[str, tuple[str, dict[str, str]]] = {
+    "dynamic": ("the paper's scheduling: dynamic allocation, modification and recall (the defaults)", {}),
+    "shared": ("one shared FIFO queue, fixed subtask size, no recall (what scrapy-redis does)",
+               {"SCHEDEXT_ALLOCATION": _ALLOC + "SharedAllocation",
+                "SCHEDEXT_MODIFICATION": _MOD + "FixedModification",
+                "SCHEDEXT_RECALL": _RECALL + "NoRecall"}),
+    "round_robin": ("static assignment of each task to one node, fixed subtask size, no recall",
+                    {"SCHEDEXT_ALLOCATION": _ALLOC + "RoundRobinAllocation",
+                     "SCHEDEXT_MODIFICATION": _MOD + "FixedModification",
+                     "SCHEDEXT_RECALL": _RECALL + "NoRecall"}),
+    "oracle": ("dynamic scheduling with the true rates from the simulated web's profile (an upper bound)",
+               {"SCHEDEXT_ALLOCATION": "product_crawl.oracle.OracleAllocation",
+                "SCHEDEXT_MODIFICATION": _MOD + "DynamicModification",
+                "SCHEDEXT_RECALL": _RECALL + "DynamicRecall"}),
+    "no_allocation": ("dynamic with allocation switched to its baseline (shared queue)",
+                      {"SCHEDEXT_ALLOCATION": _ALLOC + "SharedAllocation"}),
+    "no_modification": ("dynamic with modification switched to its baseline (fixed subtask size)",
+                        {"SCHEDEXT_MODIFICATION": _MOD + "FixedModification"}),
+    "no_recall": ("dynamic with recall switched to its baseline (none)",
+                  {"SCHEDEXT_RECALL": _RECALL + "NoRecall"}),
+}
+DEFAULT_CONFIGURATIONS = ("dynamic", "shared", "round_robin", "oracle")
+ABLATIONS = {"allocation": "no_allocation", "modification": "no_modification", "recall": "no_recall"}
+
+#: Settings of every configuration's nodes and control: short intervals so that a run of a minute or two
+#: learns something, identical for all configurations so that only the strategies differ.
+CLUSTER_SETTINGS: dict[str, Any] = {
+    "SCHEDEXT_HEARTBEAT_INTERVAL": 2,
+    "SCHEDEXT_RECALL_THRESHOLD": 20,
+    "SCHEDEXT_TICK_INTERVAL": 0.5,
+    "SCHEDEXT_PATIENCE": 10,
+    "SCHEDEXT_ESTIMATE_STALE": 60,
+    "LOG_LEVEL": "INFO",
+    "LOGSTATS_INTERVAL": 30.0,
+}
+
+#: The paper's Table 2: four dairy products, each searched on every site of the profile.
+PRODUCTS: tuple[dict[str, str], ...] = (
+    {"name": "光明高钙牛奶"},
+    {"name": "特仑苏", "brand": "蒙牛"},
+    {"name": "蒙牛早餐奶"},
+    {"name": "雀巢中老年奶粉"},
+)
+
+MIN_DURATION = 20.0  # seconds; below this the nodes barely start, and no estimate rests on data
+STARTUP_TIMEOUT = 90.0  # seconds the nodes get to start and heartbeat (Scrapy start-up on a busy 2-core box)
+WINDOW = 10.0  # seconds over which the measured completion of Figure 4 is computed
+
+
+class ExperimentError(Exception):
+    """Raised if the experiment's input is bad or its cluster cannot start; the message says which and why."""
+
+
+@dataclass
+class Options:
+    """What one ``scrapy experiment`` invocation runs. Build with :func:`make_options`, which validates."""
+
+    profile_spec: str
+    profile: Profile
+    duration: float
+    configurations: list[str]
+    seed: int = 0
+    out: Path = Path("var/experiment")
+    nodes: list[NodeSpec] = field(default_factory=list)
+    sites: list[str] = field(default_factory=list)
+    overrides: dict[str, Any] = field(default_factory=dict)
+    sample_interval: float = 3.0
+    prefix: str = "{exp}"
+    database: str = "product_crawl_experiment"
+
+
+def parse_configurations(spec: str, ablations: bool = False) -> list[str]:
+    """The configuration names of a comma-separated ``spec``, in order, plus the ablation runs if asked.
+
+    >>> parse_configurations("dynamic, shared")
+    ['dynamic', 'shared']
+    >>> parse_configurations("shared", ablations=True)
+    ['shared', 'dynamic', 'no_allocation', 'no_modification', 'no_recall']
+    >>> parse_configurations("dynamic,fifo")
+    Traceback (most recent call last):
+    ...
+    product_crawl.experiment.runner.ExperimentError: --strategies: unknown configuration 'fifo'; expected \
+names from: dynamic, shared, round_robin, oracle, no_allocation, no_modification, no_recall
+    """
+    names = [n.strip() for n in spec.split(",") if n.strip()]
+    if not names and not ablations:
+        raise ExperimentError("--strategies: expected at least one configuration name, got none")
+    for name in names:
+        if name not in CONFIGURATIONS:
+            raise ExperimentError(f"--strategies: unknown configuration {name!r}; expected names from: "
+                                  f"{', '.join(CONFIGURATIONS)}")
+    if ablations:
+        names += ["dynamic", *ABLATIONS.values()]
+    return list(dict.fromkeys(names))
+
+
+def parse_overrides(values: Sequence[str]) -> dict[str, Any]:
+    """``NAME=VALUE`` strings (``--set``) as a dict; values that are JSON numbers become numbers.
+
+    >>> parse_overrides(["SCHEDEXT_RATE_FLOOR=0.8", "SCHEDEXT_PREFETCH=2"])
+    {'SCHEDEXT_RATE_FLOOR': 0.8, 'SCHEDEXT_PREFETCH': 2}
+    """
+    out: dict[str, Any] = {}
+    for value in values:
+        name, sep, text = value.partition("=")
+        if not sep or not name.strip():
+            raise ExperimentError(f"--set: expected NAME=VALUE, got {value!r}")
+        try:
+            out[name.strip()] = json.loads(text)
+        except json.JSONDecodeError:
+            out[name.strip()] = text
+    return out
+
+
+def profile_sites(profile: Profile) -> list[str]:
+    """Every site some node of the profile names, in order of first appearance."""
+    return list(dict.fromkeys(site for node in profile.nodes.values() for site in node.sites))
+
+
+def experiment_nodes(profile: Profile, count: int | None) -> list[NodeSpec]:
+    """node1..nodeN on the profile's node addresses (in the profile's order), then on further loopback
+    addresses (which the profile's ``default`` serves) if more nodes are asked for than it describes."""
+    addresses = list(profile.nodes)
+    n = len(addresses) if count is None else count
+    if n < 1:
+        raise ExperimentError(f"--nodes: expected at least 1 node, got {n}")
+    spare = (f"127.0.0.{i}" for i in range(2, 255) if f"127.0.0.{i}" not in addresses)
+    while len(addresses) < n:
+        addresses.append(next(spare))
+    return [NodeSpec(f"node{i}", addresses[i - 1], types="0") for i in range(1, n + 1)]
+
+
+def make_options(*, profile: str = "paper", duration: float = 90.0, strategies: str = ",".join(DEFAULT_CONFIGURATIONS),
+                 ablations: bool = False, seed: int = 0, out: Path | None = None, nodes: int | None = None,
+                 overrides: dict[str, Any] | None = None, sample_interval: float = 3.0, prefix: str = "{exp}",
+                 database: str = "product_crawl_experiment") -> Options:
+    """Validate everything a run needs, before anything starts; raises :class:`ExperimentError` if bad."""
+    configurations = parse_configurations(strategies, ablations)
+    if not duration >= MIN_DURATION:  # also refuses NaN
+        raise ExperimentError(f"--duration: expected at least {MIN_DURATION:.0f} seconds (shorter runs end before "
+                              f"the nodes have measured anything), got {duration:g}")
+    try:
+        loaded = load_profile(profile)
+    except ProfileError as exc:
+        raise ExperimentError(str(exc)) from exc
+    sites = profile_sites(loaded)
+    if not sites:
+        raise ExperimentError(f"{loaded.source}: names no sites under nodes.<address>.sites; the experiment "
+                              "crawls the sites the profile describes")
+    if not 0.5 <= sample_interval <= duration / 4:
+        raise ExperimentError(f"sample interval: expected 0.5 .. {duration / 4:g} seconds, got {sample_interval:g}")
+    when = time.strftime("%Y%m%d-%H%M%S")
+    return Options(profile_spec=profile, profile=loaded, duration=float(duration), configurations=configurations,
+                   seed=seed, out=out or Path("var/experiment") / when, nodes=experiment_nodes(loaded, nodes),
+                   sites=sites, overrides=dict(overrides or {}), sample_interval=sample_interval, prefix=prefix,
+                   database=database)
+
+
+def virtual_tasks(sites: Sequence[str]) -> list[dict[str, Any]]:
+    """The paper's products as virtual tasks on ``sites`` (node type 0, engine baidu)."""
+    return [{**p, "type": 0, "sites": list(sites), "engines": ["baidu"]} for p in PRODUCTS]
+
+
+def corpus_totals(profile: Profile, sites: Sequence[str], seed: int) -> dict[str, dict[str, int]]:
+    """What the simulated web holds for each (product, site): the engine-reported total of its query."""
+    return {p["name"]: {site: corpus_size(keywords_for(p["name"], p.get("brand")), site, seed, profile.corpus_min,
+                                          profile.corpus_max) for site in sites} for p in PRODUCTS}
+
+
+def expected_completion(profile: Profile, address: str, site: str, elapsed: float) -> float:
+    """The true completion of (node, site) at ``elapsed``: the share served of the pages that are served."""
+    b = profile.behaviour(address, site, elapsed)
+    return b.share * max(0.0, 1.0 - b.error_rate - b.block_rate)
+
+
+def suited_sites(profile: Profile, address: str, sites: Sequence[str], elapsed: float,
+                 floor: float = 0.5) -> list[str]:
+    """The sites on which the node at ``address`` gets at least ``floor`` of the best node's true completion
+    (the paper's "sites a node suits": where it is served most of the results)."""
+    best = {s: max((expected_completion(profile, a, s, elapsed) for a in profile.nodes), default=0.0)
+            for s in sites}
+    return [s for s in sites
+            if best[s] > 0 and expected_completion(profile, address, s, elapsed) >= floor * best[s]]
+
+
+def phase_times(profile: Profile) -> list[float]:
+    """Every ``after`` of the profile's phases, sorted: when the truth changes."""
+    rules = [profile.default] + [n.rule for n in profile.nodes.values()]
+    rules += [r for n in profile.nodes.values() for r in n.sites.values()]
+    return sorted({p.after for r in rules for p in r.phases})
+
+
+# --- one configuration ---------------------------------------------------------------------------------------
+
+
+class Progress:
+    """One status line on stderr, rewritten in place (``\\r``) while a configuration runs."""
+
+    def __init__(self, stream: Any = None) -> None:
+        self.stream = stream if stream is not None else sys.stderr
+        self.width = 0
+
+    def update(self, text: str) -> None:
+        pad = max(0, self.width - len(text))
+        self.stream.write("\r" + text + " " * pad)
+        self.stream.flush()
+        self.width = len(text)
+
+    def done(self, text: str) -> None:
+        self.update(text)
+        self.stream.write("\n")
+        self.stream.flush()
+        self.width = 0
+
+
+def _get_json(url: str, timeout: float = 5.0) -> dict[str, Any] | None:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as response:
+            return dict(json.loads(response.read().decode("utf-8")))
+    # The web stopped or answers garbage: the caller records nothing rather than failing the whole run.
+    except (OSError, ValueError) as exc:
+        logger.warning("could not read %s: %s", url, exc)
+        return None
+
+
+def run_configuration(name: str, opts: Options, *, redis_url: str, mongo_uri: str, label: str = "",
+                      progress: Progress | None = None,
+                      clock: Callable[[], float] = time.monotonic) -> dict[str, Any]:
+    """Run configuration ``name`` once from fresh state; returns its raw record (see :func:`summarize_run`)."""
+    settings = {**CLUSTER_SETTINGS, **CONFIGURATIONS[name][1], **opts.overrides}
+    log_dir = opts.out / "logs" / name
+    cluster = LocalCluster(redis_url=redis_url, mongo_uri=mongo_uri, mongo_db=opts.database, prefix=opts.prefix,
+                           log_dir=log_dir, settings=settings)
+    progress = progress or Progress()
+    tag = f"[{label or name}]"
+    try:
+        cluster.reset()
+        # The web's address is fixed before the nodes start, but the web itself starts only once every node
+        # heartbeats: its phase clock then starts with the run, whatever the start-up time of this configuration.
+        port = free_port()
+        url = f"http://127.0.0.1:{port}"
+        cluster.settings["PC_ENGINE_BASE_URLS"] = {"baidu": url, "weibo": url}
+        cluster.settings["SCHEDEXT_ORACLE_URL"] = url + "/_truth"
+        for node in opts.nodes:
+            cluster.start_node(node)
+        progress.update(f"{tag} starting {len(opts.nodes)} nodes ...")
+
+        def started() -> bool:
+            dead = [n.id for n in opts.nodes if not cluster.alive(n.id)]
+            if dead:
+                raise ExperimentError(f"{tag} node {dead[0]} exited at start; see {log_dir / (dead[0] + '.log')}")
+            return len(cluster.redis.hkeys(cluster.store.keys.nodes)) >= len(opts.nodes)
+
+        if not cluster.wait_for(started, STARTUP_TIMEOUT):
+            raise ExperimentError(f"{tag} the nodes did not all heartbeat within {STARTUP_TIMEOUT:.0f} s; "
+                                  f"see the logs in {log_dir}")
+        cluster.simweb = SimWebProcess(opts.profile_spec, seed=opts.seed, port=port)
+        try:
+            cluster.simweb.start()
+        except RuntimeError as exc:  # the port was taken meanwhile, or the web failed: nothing ran yet
+            raise ExperimentError(f"{tag} {exc}") from exc
+        t0 = clock()
+        cluster.inject(virtual_tasks(opts.sites))
+        cluster.start_control()
+        samples: list[dict[str, Any]] = []
+        status: dict[str, Any] = {}
+        next_at = 0.0
+        while True:
+            elapsed = clock() - t0
+            if elapsed >= next_at or elapsed >= opts.duration:
+                t = min(elapsed, opts.duration) if elapsed >= opts.duration else elapsed
+                s, status = _sample(cluster, t)
+                samples.append(s)
+                progress.update(f"{tag} {min(elapsed, opts.duration):4.0f}/{opts.duration:.0f} s  items "
+                                f"{s['items']}  waiting {s['waiting']}  tasks done {s['tasks_done']}/"
+                                f"{s['tasks']}")
+                if elapsed >= opts.duration:
+                    break
+                next_at += opts.sample_interval
+            dead = [n for n in [*[n.id for n in opts.nodes], "control"] if not cluster.alive(n)]
+            if dead:
+                raise ExperimentError(f"{tag} {dead[0]} exited during the run; see {log_dir / (dead[0] + '.log')}")
+            time.sleep(max(0.0, min(next_at, opts.duration) - (clock() - t0)))
+        by_node = cluster.items_by("node_id")
+        web = _get_json(url + "/_counters") or {}
+        truth = _get_json(url + "/_truth") or {}
+        progress.done(f"{tag} {opts.duration:.0f} s done: {samples[-1]['items']} unique items")
+        return {"name": name, "settings": settings, "samples": samples, "items_by_node": by_node, "web": web,
+                "truth_corpus": truth.get("corpus", []), "status": status}
+    finally:
+        cluster.stop()
+
+
+def _sample(cluster: LocalCluster, t: float) -> tuple[dict[str, Any], dict[str, Any]]:
+    """One sample (see :func:`product_crawl.experiment.summary.summarize_run`) and the status it was read from."""
+    status = cluster.status()
+    pairs = {}
+    for site, per_node in status["completion"].items():
+        for node, c in per_node.items():
+            pairs[f"{node}|{site}"] = [c["offered"], c["collected"], c["runs"], c["pages"], c["completion"]]
+    products = status["products"]
+    # The estimated count is the collection's metadata (instant); an exact count scans it, and a scan every few
+    # seconds would load the shared MongoDB server with work the nodes' writes are waiting for.
+    items = int(cluster.mongo[cluster.mongo_db]["items"].estimated_document_count())
+    return {"t": round(t, 2), "items": items, "waiting": status["queues"]["waiting"],
+            "tasks": sum(p["tasks"] for p in products.values()), "tasks_done": sum(p["done"] for p in products.values()),
+            "pairs": pairs}, status

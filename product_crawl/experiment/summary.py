@@ -1,0 +1,183 @@
+"""From raw runs to the experiment's metrics: the content of ``summary.json`` (schema in docs/experiment.md).
+
+Pure functions of the records :func:`~product_crawl.experiment.runner.run_configuration` returns, so the metrics
+can be recomputed and tested without running a cluster.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from product_crawl.experiment.runner import (
+    ABLATIONS,
+    CLUSTER_SETTINGS,
+    CONFIGURATIONS,
+    WINDOW,
+    Options,
+    phase_times,
+    suited_sites,
+)
+
+SUMMARY_VERSION = 1
+GOAL_VS_SHARED = 1.5  # dynamic must collect at least this many times shared's unique items
+GOAL_VS_ORACLE = 0.9  # ... and at least this share of what the oracle collects
+GOAL_SUITED = 0.8  # ... and each node must spend at least this share of its late pages on sites it suits
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return None if a is None or not b else round(a / b, 4)
+
+
+def windowed(samples: Sequence[dict[str, Any]], pair: str, window: float = WINDOW) -> list[list[float]]:
+    """[[t, collected / offered over the last ``window`` seconds], ...] of one ``node|site`` pair; a time at
+    which the pair was offered nothing in its window has no point.
+
+    >>> s = [{"t": 0, "pairs": {}}, {"t": 5, "pairs": {"n|a": [10, 9, 1, 1, 0.9]}},
+    ...      {"t": 10, "pairs": {"n|a": [30, 11, 3, 3, 0.5]}}, {"t": 30, "pairs": {"n|a": [30, 11, 3, 3, 0.5]}}]
+    >>> windowed(s, "n|a", 5)
+    [[5, 0.9], [10, 0.1]]
+    """
+    out: list[list[float]] = []
+    for s in samples:
+        # The base is the last sample at least ``window`` seconds older (none: the counts start at zero).
+        base = [b for b in samples if b["t"] <= s["t"] - window]
+        start = base[-1]["pairs"].get(pair, [0, 0]) if base else [0, 0]
+        now = s["pairs"].get(pair, [0, 0])
+        offered, collected = now[0] - start[0], now[1] - start[1]
+        if offered > 0:
+            out.append([s["t"], round(collected / offered, 4)])
+    return out
+
+
+def _at(samples: Sequence[dict[str, Any]], t: float) -> dict[str, Any]:
+    """The last sample taken at or before ``t`` (the first one if none)."""
+    best = samples[0]
+    for s in samples:
+        if s["t"] <= t:
+            best = s
+    return best
+
+
+def summarize_run(raw: dict[str, Any], opts: Options, corpus_total: int) -> dict[str, Any]:
+    """The ``runs.<configuration>`` entry of the summary from one raw run record."""
+    samples = raw["samples"]
+    final = samples[-1]
+    node_ids = [n.id for n in opts.nodes]
+    address = {n.id: n.address for n in opts.nodes}
+    pairs = {(p.split("|", 1)[0], p.split("|", 1)[1]) for s in samples for p in s["pairs"]}
+    counts = {n["id"]: n["counts"] for n in raw["status"].get("nodes", [])}
+    web = raw.get("web", {}).get("by_address", {})
+    # Late pages: those crawled in the second half of the run, after the estimates had time to settle; each
+    # interval's pages are judged by what the node suited during that interval (phases change the truth).
+    late_samples = [s for s in samples if s["t"] >= opts.duration / 2]
+    late_from = _at(samples, opts.duration / 2)
+    suited_end = {n: suited_sites(opts.profile, address[n], opts.sites, opts.duration) for n in node_ids}
+    nodes: dict[str, Any] = {}
+    for nid in node_ids:
+        per_site = {site: final["pairs"].get(f"{nid}|{site}", [0, 0, 0, 0, None]) for site in opts.sites}
+        late: dict[str, int] = dict.fromkeys(opts.sites, 0)
+        late_suited = 0
+        prev = late_from
+        for cur in late_samples:
+            suited_now = suited_sites(opts.profile, address[nid], opts.sites, cur["t"])
+            for site in opts.sites:
+                key = f"{nid}|{site}"
+                pages = cur["pairs"].get(key, [0, 0, 0, 0])[3] - prev["pairs"].get(key, [0, 0, 0, 0])[3]
+                late[site] += pages
+                late_suited += pages if site in suited_now else 0
+            prev = cur
+        late_total = sum(late.values())
+        c = counts.get(nid, {})
+        served = web.get(address[nid], {})
+        nodes[nid] = {
+            "address": address[nid],
+            "label": opts.profile.label(address[nid]),
+            "items": int(raw["items_by_node"].get(nid, 0)),
+            **{k: int(c.get(k, 0)) for k in ("moved_out", "moved_in", "modified", "recalled", "dead")},
+            "runs": sum(v[2] for v in per_site.values()),
+            "pages": sum(v[3] for v in per_site.values()),
+            "offered": sum(v[0] for v in per_site.values()),
+            "collected": sum(v[1] for v in per_site.values()),
+            "requests": int(served.get("requests", 0)),
+            "errors": int(served.get("error", 0)),
+            "blocked": int(served.get("blocked", 0)),
+            "suited_sites": suited_end[nid],
+            "late_pages": {s: v for s, v in late.items() if v},
+            "suited_share": None if not late_total else round(late_suited / late_total, 4),
+        }
+    offered = sum(n["offered"] for n in nodes.values())
+    collected = sum(n["collected"] for n in nodes.values())
+    unique = int(final["items"])
+    return {
+        "description": CONFIGURATIONS[raw["name"]][0],
+        "settings": raw["settings"],
+        "unique_items": unique,
+        "completion": round(unique / corpus_total, 6) if corpus_total else None,
+        "served_share": round(collected / offered, 4) if offered else None,
+        "items_per_second": round(unique / opts.duration, 3),
+        "tasks": {"total": final["tasks"], "done": final["tasks_done"]},
+        "exhausted": bool(final["tasks"]) and final["tasks_done"] >= final["tasks"],
+        "nodes": nodes,
+        "items_over_time": [[s["t"], s["items"]] for s in samples],
+        "completion_over_time": {n: {site: windowed(samples, f"{n}|{site}") for site in opts.sites
+                                     if (n, site) in pairs} for n in node_ids},
+        "estimate_over_time": {n: {site: [[s["t"], s["pairs"][f"{n}|{site}"][4]] for s in samples
+                                          if s["pairs"].get(f"{n}|{site}", [None] * 5)[4] is not None]
+                                   for site in opts.sites if (n, site) in pairs} for n in node_ids},
+        "final_completion": {n: {site: {"offered": v[0], "collected": v[1], "runs": v[2], "pages": v[3],
+                                        "estimate": v[4]}
+                                 for site in opts.sites if (v := final["pairs"].get(f"{n}|{site}"))}
+                             for n in node_ids},
+    }
+
+
+def gains(runs: dict[str, dict[str, Any]], node_ids: Sequence[str]) -> dict[str, Any]:
+    """Per-node efficiency gains (Figure 5), each relative to the node's items without what is measured.
+
+    ``over_shared``: items(dynamic) / items(shared) - 1. ``strategies.<s>``: items(dynamic) /
+    items(dynamic with strategy s at its baseline) - 1, so the gain is attributed to s. Missing runs: absent.
+    """
+    def rel(a: str, b: str) -> dict[str, float | None]:
+        return {n: (None if not runs[b]["nodes"][n]["items"] else
+                    round(runs[a]["nodes"][n]["items"] / runs[b]["nodes"][n]["items"] - 1, 4)) for n in node_ids}
+
+    out: dict[str, Any] = {}
+    if "dynamic" in runs and "shared" in runs:
+        out["over_shared"] = rel("dynamic", "shared")
+    strategies = {s: rel("dynamic", c) for s, c in ABLATIONS.items() if "dynamic" in runs and c in runs}
+    if strategies:
+        out["strategies"] = strategies
+    return out
+
+
+def summarize(raws: dict[str, dict[str, Any]], opts: Options, totals: dict[str, dict[str, int]]) -> dict[str, Any]:
+    """The whole ``summary.json`` object."""
+    corpus_total = sum(v for per_site in totals.values() for v in per_site.values())
+    runs = {name: summarize_run(raw, opts, corpus_total) for name, raw in raws.items()}
+    items = {name: r["unique_items"] for name, r in runs.items()}
+    vs_shared = _ratio(items.get("dynamic"), items.get("shared"))
+    vs_oracle = _ratio(items.get("dynamic"), items.get("oracle"))
+    suited = [n["suited_share"] for n in runs["dynamic"]["nodes"].values()] if "dynamic" in runs else []
+    converged = None if not suited or None in suited else all(v >= GOAL_SUITED for v in suited)
+    return {
+        "v": SUMMARY_VERSION,
+        "profile": {"name": opts.profile.name, "source": opts.profile.source, "phases": phase_times(opts.profile)},
+        "seed": opts.seed,
+        "duration": opts.duration,
+        "sample_interval": opts.sample_interval,
+        "configurations": list(raws),
+        "nodes": {n.id: {"address": n.address, "label": opts.profile.label(n.address)} for n in opts.nodes},
+        "sites": opts.sites,
+        "products": list(totals),
+        "corpus": {"total": corpus_total, "per_query": totals},
+        "settings": {**CLUSTER_SETTINGS, **opts.overrides},
+        "runs": runs,
+        "ratios": {"dynamic_vs_shared": vs_shared, "dynamic_vs_oracle": vs_oracle},
+        "goals": {
+            f"dynamic_vs_shared>={GOAL_VS_SHARED}": None if vs_shared is None else vs_shared >= GOAL_VS_SHARED,
+            f"dynamic_vs_oracle>={GOAL_VS_ORACLE}": None if vs_oracle is None else vs_oracle >= GOAL_VS_ORACLE,
+            f"dynamic_suited_share>={GOAL_SUITED}": converged,
+        },
+        "gains": gains(runs, [n.id for n in opts.nodes]),
+    }

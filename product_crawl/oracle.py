@@ -1,0 +1,101 @@
+"""The oracle allocation: dynamic allocation told the truth by the simulated web (experiments only).
+
+:class:`OracleAllocation` is :class:`~scheduler_ext.strategies.allocation.DynamicAllocation` with its one
+data-driven step, :meth:`rate`, replaced: instead of the moving estimates the nodes' runs produce, it asks the
+simulated web's profile what each node gets from each site *now*. Everything else (exclusion of slow nodes,
+late binding with a rate floor, patience) is the dynamic allocation's, so the ``oracle`` configuration of
+``scrapy experiment`` is an upper bound on what better estimates alone could buy, not a different algorithm.
+
+Settings: ``SCHEDEXT_ORACLE_URL`` (the simulated web's ``/_truth`` URL; ``LocalCluster.start_simweb`` sets it)
+plus every setting :class:`DynamicAllocation` reads. The truth is fetched once, when the strategy is built: the
+profile is static (phases are a function of elapsed time) and ``started_at`` fixes the phase clock, so nothing
+needs to be fetched again. It lives in ``product_crawl`` because only the project knows the simulated web
+(scheduler_ext never imports product_crawl).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import urllib.error
+import urllib.request
+from typing import Any
+
+from product_crawl.simweb.profile import Behaviour, Profile, ProfileError, parse_profile
+from scheduler_ext.defaults import setting
+from scheduler_ext.exceptions import ConfigurationError
+from scheduler_ext.models import Subtask
+from scheduler_ext.strategies import Estimates, NodeView
+from scheduler_ext.strategies.allocation import DynamicAllocation
+
+logger = logging.getLogger(__name__)
+
+TRUTH_TIMEOUT = 5.0  # seconds to wait for the truth endpoint (loopback; it answers at once when it runs)
+
+
+def expected_rate(behaviour: Behaviour) -> tuple[float, float]:
+    """(expected results collected per second per offered result, seconds per page) of one behaviour.
+
+    A page is served with probability ``1 - error_rate - block_rate`` and then yields ``share`` of its results;
+    it costs the mean latency. Divided by the seconds per page, this ranks nodes as the dynamic allocation's
+    ``completion / seconds_per_page`` does, on the same scale.
+
+    >>> from product_crawl.simweb.profile import Latency
+    >>> expected_rate(Behaviour(share=0.9, latency=Latency(0.1), error_rate=0.05, block_rate=0.05))
+    (8.1, 0.1)
+    """
+    served = max(0.0, 1.0 - behaviour.error_rate - behaviour.block_rate)
+    spp = max(behaviour.latency.mean, 1e-3)
+    return round(behaviour.share * served / spp, 9), spp
+
+
+def fetch_truth(url: str, timeout: float = TRUTH_TIMEOUT) -> tuple[Profile, float]:
+    """The profile and start time (Unix seconds) the simulated web at ``url`` (its ``/_truth``) serves.
+
+    Raises :class:`ConfigurationError` naming the URL if it does not answer or answers something else.
+    """
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as response:
+            data = json.loads(response.read().decode("utf-8"))
+        raw = dict(data["profile"])
+        raw.pop("source", None)  # added by Profile.to_dict, not a profile field
+        return parse_profile(raw, f"truth from {url}"), float(data["started_at"])
+    # URLError/OSError: nothing answers; ValueError: not JSON (or ProfileError); KeyError/TypeError: wrong shape.
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        kind = "an invalid profile" if isinstance(exc, ProfileError) else "no usable truth"
+        raise ConfigurationError(f"SCHEDEXT_ORACLE_URL: {url} gave {kind}: {exc}") from exc
+
+
+class OracleAllocation(DynamicAllocation):
+    """Dynamic allocation whose rates come from the simulated web's profile, so it never explores.
+
+    ``profile`` and ``started_at`` (Unix seconds, the simulated web's phase clock origin) are the truth; the
+    keyword arguments are :class:`DynamicAllocation`'s.
+    """
+
+    def __init__(self, profile: Profile, started_at: float, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.profile, self.started_at = profile, started_at
+
+    @classmethod
+    def from_crawler(cls, crawler: Any) -> OracleAllocation:
+        url = setting(crawler.settings, "SCHEDEXT_ORACLE_URL")
+        if not url:
+            raise ConfigurationError("SCHEDEXT_ORACLE_URL is not set: the oracle allocation needs the "
+                                     "simulated web's /_truth URL")
+        profile, started_at = fetch_truth(str(url))
+        base = DynamicAllocation.from_crawler(crawler)
+        logger.info("oracle allocation: profile %r from %s, phase clock started at %.3f", profile.name, url,
+                    started_at)
+        return cls(profile, started_at, explore_runs=base.explore_runs, stale_after=base.stale_after,
+                   slow_factor=base.slow_factor, rate_floor=base.rate_floor, patience=base.patience,
+                   explore_timeout=base.explore_timeout)
+
+    def rate(self, subtask: Subtask, node: NodeView, estimates: Estimates, now: float) -> tuple[float, float]:
+        """The true (results per second, seconds per page) of ``node`` on ``subtask``'s site at ``now``.
+
+        ``now`` is Redis server time and ``started_at`` the simulated web's wall clock, both Unix seconds on
+        the same machine, so their difference is the web's elapsed time.
+        """
+        behaviour = self.profile.behaviour(node.address or "", subtask.site, max(0.0, now - self.started_at))
+        return expected_rate(behaviour)

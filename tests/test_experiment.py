@@ -1,0 +1,141 @@
+"""Tests of ``scrapy experiment`` (product_crawl/experiment, product_crawl/oracle.py).
+
+The short form of the experiment runs a whole cluster twice (dynamic, then shared) on the ``duel`` profile: two
+nodes, two sites, each node excellent on one site and terrible on the other. Bad input is refused before anything
+starts. The oracle's rate is checked against the profile it reads from a real simulated web.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from conftest import run_scrapy
+
+from product_crawl.experiment import ExperimentError, make_options
+from product_crawl.experiment.runner import experiment_nodes, parse_configurations, profile_sites, suited_sites
+from product_crawl.experiment.summary import windowed
+from product_crawl.oracle import OracleAllocation, expected_rate, fetch_truth
+from product_crawl.simweb.profile import load_profile
+from product_crawl.simweb.server import SimWebProcess
+from scheduler_ext.exceptions import ConfigurationError
+from scheduler_ext.models import Subtask
+from scheduler_ext.strategies import NodeView
+
+DUEL = Path(__file__).resolve().parent.parent / "product_crawl" / "simweb" / "profiles" / "duel.json"
+
+RUN_KEYS = {"description", "settings", "unique_items", "completion", "served_share", "items_per_second", "tasks",
+            "exhausted", "nodes", "items_over_time", "completion_over_time", "estimate_over_time",
+            "final_completion"}
+NODE_KEYS = {"address", "label", "items", "moved_out", "moved_in", "modified", "recalled", "dead", "runs", "pages",
+             "offered", "collected", "requests", "errors", "blocked", "suited_sites", "late_pages", "suited_share"}
+
+
+# --- bad input: refused before anything starts ---------------------------------------------------------------
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--strategies", "dynamic,fifo"], "unknown configuration 'fifo'; expected names from: dynamic, shared"),
+    (["--duration", "5"], "--duration: expected at least 20 seconds"),
+    (["--profile", "{bad}"], "default: missing required field"),
+    (["--profile", "/nonexistent/profile.json"], "cannot read it"),
+])
+def test_bad_input_is_refused_before_anything_starts(args: list[str], message: str, tmp_path: Path) -> None:
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"name": "bad"}), encoding="utf-8")
+    out = tmp_path / "out"
+    env = {"PATH": "/usr/bin:/bin", "REDIS_URL": "redis://127.0.0.1:1/0", "MONGO_URI": "mongodb://127.0.0.1:1"}
+    args = [str(bad) if a == "{bad}" else a for a in args]
+    result = run_scrapy(["experiment", *args, "--out", str(out)], env=env, timeout=60)
+    assert result.returncode == 2, result.stderr
+    assert message in result.stderr
+    # Nothing ran: no output folder, and the unreachable services were never asked.
+    assert not out.exists()
+    assert "does not answer" not in result.stderr
+
+
+def test_make_options_validates_every_input() -> None:
+    with pytest.raises(ExperimentError, match="expected at least one configuration"):
+        make_options(strategies=" , ")
+    with pytest.raises(ExperimentError, match="expected at least 20 seconds"):
+        make_options(duration=float("nan"))
+    with pytest.raises(ExperimentError, match="--nodes: expected at least 1 node"):
+        make_options(nodes=0)
+    opts = make_options(profile=str(DUEL), duration=30, strategies="shared", ablations=True)
+    assert opts.configurations == ["shared", "dynamic", "no_allocation", "no_modification", "no_recall"]
+    assert [(n.id, n.address) for n in opts.nodes] == [("node1", "127.0.0.2"), ("node2", "127.0.0.3")]
+    assert opts.sites == ["alpha.cn", "beta.cn"]
+
+
+def test_profile_helpers_on_the_paper_profile() -> None:
+    paper = load_profile("paper")
+    assert profile_sites(paper) == ["12315.com", "315tousu.org", "t.163.com", "cca.org.cn", "weibo.com"]
+    assert [n.address for n in experiment_nodes(paper, 5)] == [
+        "127.0.0.2", "127.0.0.3", "127.0.0.4", "127.0.0.5", "127.0.0.6"]
+    # Figure 4's pairs: node 1 suits t.163.com only before the 40 s phase; node 3 loses 12315.com then.
+    assert "t.163.com" in suited_sites(paper, "127.0.0.2", profile_sites(paper), 10)
+    assert suited_sites(paper, "127.0.0.2", profile_sites(paper), 60) == ["12315.com", "315tousu.org"]
+    assert suited_sites(paper, "127.0.0.4", profile_sites(paper), 60) == ["315tousu.org", "t.163.com"]
+    assert parse_configurations("oracle") == ["oracle"]
+
+
+def test_windowed_completion_uses_deltas_of_the_cumulative_counts() -> None:
+    samples = [{"t": 0, "pairs": {}}, {"t": 3, "pairs": {"n|s": [100, 90, 1, 10, 0.9]}},
+               {"t": 6, "pairs": {"n|s": [200, 110, 2, 20, 0.6]}}, {"t": 20, "pairs": {"n|s": [200, 110, 2, 20, 0.6]}}]
+    assert windowed(samples, "n|s", window=3) == [[3, 0.9], [6, 0.2]]
+    assert windowed(samples, "n|s", window=10) == [[3, 0.9], [6, 0.55]]
+
+
+# --- the oracle -----------------------------------------------------------------------------------------------
+
+def test_oracle_rates_come_from_the_served_profile() -> None:
+    with SimWebProcess(DUEL, seed=3) as web:
+        profile, started_at = fetch_truth(web.url + "/_truth")
+    oracle = OracleAllocation(profile, started_at)
+    st = Subtask(id="1", task="1", site="alpha.cn", first_page=0, page_limit=5, time_limit=30)
+    good = oracle.rate(st, NodeView(id="node1", types=[0], address="127.0.0.2"), None, started_at + 5)  # type: ignore[arg-type]
+    bad = oracle.rate(st, NodeView(id="node2", types=[0], address="127.0.0.3"), None, started_at + 5)  # type: ignore[arg-type]
+    assert good == expected_rate(profile.behaviour("127.0.0.2", "alpha.cn", 5)) == (19.0, 0.05)
+    assert bad[0] < good[0] / 100
+    # Never None: the oracle never explores.
+    nodes = [NodeView(id="node1", types=[0], address="127.0.0.2", free=1),
+             NodeView(id="node2", types=[0], address="127.0.0.3", free=1)]
+    assert [(s.id, n) for s, n in oracle.allocate([st], nodes, None, started_at + 5)] == [("1", "node1")]  # type: ignore[arg-type]
+
+
+def test_oracle_names_the_url_when_the_truth_is_missing() -> None:
+    with pytest.raises(ConfigurationError, match="127.0.0.1:1/_truth"):
+        fetch_truth("http://127.0.0.1:1/_truth", timeout=1)
+
+
+# --- the short experiment -----------------------------------------------------------------------------------
+
+def test_dynamic_beats_shared_on_a_heterogeneous_profile(scrapy_env: dict[str, str], prefix: str, mongo_db: str,
+                                                       tmp_path: Path) -> None:
+    out = tmp_path / "exp"
+    result = run_scrapy(["experiment", "--profile", str(DUEL), "--strategies", "dynamic,shared", "--duration", "25",
+                         "--out", str(out), "--prefix", prefix, "--database", mongo_db], env=scrapy_env, timeout=150)
+    assert result.returncode == 0, result.stderr[-3000:] + result.stdout[-3000:]
+    summary = json.loads((out / "summary.json").read_text(encoding="utf-8"))
+    # The documented shape (docs/experiment.md).
+    assert {"v", "profile", "seed", "duration", "configurations", "nodes", "sites", "products", "corpus", "settings",
+            "runs", "ratios", "goals", "gains"} <= set(summary)
+    assert summary["configurations"] == ["dynamic", "shared"] and summary["duration"] == 25
+    for name in ("dynamic", "shared"):
+        run = summary["runs"][name]
+        assert RUN_KEYS <= set(run)
+        assert set(run["nodes"]) == {"node1", "node2"}
+        for node in run["nodes"].values():
+            assert NODE_KEYS <= set(node)
+        assert run["items_over_time"][-1] == [25, run["unique_items"]]
+        assert 0 < run["completion"] < 1 and not run["exhausted"]
+    assert set(summary["ratios"]) == {"dynamic_vs_shared", "dynamic_vs_oracle"}
+    assert summary["ratios"]["dynamic_vs_oracle"] is None
+    assert set(summary["gains"]["over_shared"]) == {"node1", "node2"}
+    # The outcome: dynamic scheduling sends each site to the node it suits and collects clearly more.
+    dynamic, shared = summary["runs"]["dynamic"], summary["runs"]["shared"]
+    assert dynamic["unique_items"] > 1.2 * shared["unique_items"], (dynamic["unique_items"], shared["unique_items"])
+    assert dynamic["served_share"] > shared["served_share"]
+    for name in ("fig4.png", "fig4_shared.png", "fig5.png", "items.png", "report.html"):
+        assert (out / name).stat().st_size > 1000
+    assert "dynamic" in result.stdout and "summary:" in result.stdout
