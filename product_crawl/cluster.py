@@ -1,7 +1,7 @@
 """A whole cluster on one machine: simulated web, crawl nodes and control as real processes.
 
 Used by ``scrapy demo``, ``scrapy experiment`` and the end-to-end tests; an operator runs the same processes by
-hand (docs/operation.md). Each node is a ``scrapy crawl search`` process bound to its own loopback address; the
+hand (docs/control.md). Each node is a ``scrapy crawl search`` process bound to its own loopback address; the
 control is ``scrapy crawl control``. Settings reach them as ``-s NAME=VALUE`` (dicts as JSON).
 """
 

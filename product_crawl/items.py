@@ -1,4 +1,4 @@
-"""The item a search node collects: one search result of one product on one site (docs/items.md)."""
+"""The item a search node collects: one search result of one product on one site (docs/node.md)."""
 
 from __future__ import annotations
 

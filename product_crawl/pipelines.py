@@ -4,9 +4,10 @@ Settings: ``MONGO_URI`` (default mongodb://127.0.0.1:27017), ``MONGO_DATABASE``,
 ``PC_MONGO_BATCH_SIZE`` (items per bulk write), ``PC_MONGO_BATCH_DELAY`` (seconds an item may wait for its batch),
 ``PC_MONGO_TIMEOUT`` (seconds before an unanswered write counts as failed).
 
-Each item is upserted on (``fingerprint``, ``product``), ``fingerprint`` being the SHA-1 of the canonical URL: the
-same result crawled again (a recalled subtask, another node) updates ``last_crawled_at`` and is never stored
-twice. ``process_item`` awaits the bulk write that holds its item, so ``item_scraped`` means "acknowledged by
+Each item is upserted on ``_id = "<fingerprint>:<product>"``, ``fingerprint`` being the SHA-1 of the canonical URL:
+the same result crawled again (a recalled subtask, another node) updates ``last_crawled_at`` and is never stored
+twice. Keying the upsert on ``_id`` makes it a primary-key lookup on any server (nx-27017 scans the collection for
+an update filtered on other fields, which made storage the bottleneck of a whole cluster). ``process_item`` awaits the bulk write that holds its item, so ``item_scraped`` means "acknowledged by
 MongoDB" and the node finishes a subtask only after its items are stored. A write error raises, the item ends in
 ``item_error`` and its subtask fails (and is recalled): nothing is dropped silently.
 """
@@ -70,8 +71,9 @@ class MongoPipeline:
         logger.info("storing items in %s.%s", self.database_name, self.collection_name)
 
     def _create_indexes(self) -> None:
-        self.collection.create_index([("fingerprint", 1), ("product", 1)], unique=True, name="unique_result")
+        # Uniqueness is the _id; these serve the analysts' queries.
         self.collection.create_index([("product", 1), ("site", 1)], name="product_site")
+        self.collection.create_index([("fingerprint", 1)], name="fingerprint")
 
     async def close_spider(self) -> None:
         if self._batch:
@@ -84,8 +86,7 @@ class MongoPipeline:
         doc["fingerprint"] = fingerprint(doc["url"])
         refreshed = {"last_crawled_at": doc.get("crawled_at", time.time()), "last_node_id": doc.get("node_id"),
                      "last_subtask_id": doc.get("subtask_id")}
-        self._batch.append(({"fingerprint": doc["fingerprint"], "product": doc["product"]},
-                            {"$setOnInsert": doc, "$set": refreshed}))
+        self._batch.append(({"_id": f"{doc['fingerprint']}:{doc['product']}"}, {"$setOnInsert": doc, "$set": refreshed}))
         waiter: defer.Deferred[None] = defer.Deferred()
         self._waiters.append(waiter)
         if len(self._batch) >= self.batch_size:
@@ -116,7 +117,8 @@ class MongoPipeline:
         return d
 
     def _write(self, batch: list[tuple[dict[str, Any], dict[str, Any]]]) -> int:
-        """One unordered bulk upsert (in a worker thread). Duplicate-key races between nodes are retried once."""
+        """One unordered bulk upsert (in a worker thread). A duplicate-key race between two nodes inserting the same
+        item (possible on servers that do not retry upserts themselves) is retried once: the item then matches."""
         ops = [pymongo.UpdateOne(f, u, upsert=True) for f, u in batch]
         for attempt in (1, 2):
             try:

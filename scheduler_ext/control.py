@@ -126,7 +126,7 @@ class Control:
             allocation=load_strategy(crawler, "SCHEDEXT_ALLOCATION", Allocation),
             modification=load_strategy(crawler, "SCHEDEXT_MODIFICATION", Modification),
             recall=load_strategy(crawler, "SCHEDEXT_RECALL", Recall),
-            control_id=s.get("SCHEDEXT_CONTROL_ID"),
+            control_id=setting(s, "SCHEDEXT_CONTROL_ID"),
             page_limit=setting_int(s, "SCHEDEXT_PAGE_LIMIT"), time_limit=setting_float(s, "SCHEDEXT_TIME_LIMIT"),
             batch=setting_int(s, "SCHEDEXT_TICK_BATCH"), leader_ttl=setting_float(s, "SCHEDEXT_LEADER_TTL"))
 
@@ -240,7 +240,11 @@ class Control:
         raw_task = self.store.redis.hget(k.tasks, st.task)
         if raw_task is None:  # a subtask pushed by hand, with no task record: nothing to continue
             return writes
-        task = Task.from_json(raw_task)
+        try:
+            task = Task.from_json(raw_task)
+        except InvalidInput as exc:  # a corrupt task record: keep it for inspection, continue nothing
+            logger.error("task %s: %s; its next subtask is not made", st.task, exc)
+            return [*writes, ["hincrby", k.counters, "corrupt_tasks", 1]]
         if task.done:
             return writes
         task.subtasks += 1
@@ -314,7 +318,10 @@ class Control:
                 result.dead += 1
                 continue
             st = report.subtask
-            decision = self.recall.decide(st, report.node, report.reason, failed=True)
+            if "malformed" in st.payload:  # the node could not read it: no retry can help, a person must look
+                decision = RecallDecision.DEAD
+            else:
+                decision = self.recall.decide(st, report.node, report.reason, failed=True)
             if decision is RecallDecision.ABANDON:
                 writes = self._advance(report, abandoned=True)
             else:
@@ -338,8 +345,13 @@ class Control:
             if lease_raw is None:
                 self.store.redis.zrem(k.leases, sid)  # orphan deadline entry: nothing to recall
                 continue
-            lease = json.loads(lease_raw)
-            guard = ["lease_is", k.lease_info, k.leases, sid, lease["token"]]
+            try:
+                lease = json.loads(lease_raw)
+                guard = ["lease_is", k.lease_info, k.leases, sid, lease["token"]]
+            except (ValueError, KeyError, TypeError):  # not a lease we wrote: drop the deadline, keep the info
+                logger.error("lease of %s is unreadable: %r", sid, lease_raw[:200])
+                self.store.redis.zrem(k.leases, sid)
+                continue
             try:
                 st = Subtask.from_json(st_raw or "null")
             except InvalidInput as exc:
@@ -360,10 +372,11 @@ class Control:
                                              num=self.batch)
         for sid in ids:
             raw = self.store.redis.hget(k.subtasks, sid)
-            if raw is None:
+            try:
+                st = Subtask.from_json(raw or "null")
+            except InvalidInput:  # no readable record: the crawl queue entry, if any, goes to `failed` on take
                 self.store.redis.zrem(k.queued, sid)
                 continue
-            st = Subtask.from_json(raw)
             self._recall_queued(result, st, raw, f"not taken by {st.node} within {self.recall.threshold:.0f} s")
 
     def _recall_queued(self, result: TickResult, st: Subtask, raw: str, reason: str) -> None:
@@ -467,7 +480,7 @@ class ControlExtension:
 
     @classmethod
     def from_crawler(cls, crawler: Any) -> ControlExtension:
-        if not crawler.settings.getbool("SCHEDEXT_CONTROL_ENABLED"):
+        if not setting(crawler.settings, "SCHEDEXT_CONTROL_ENABLED"):
             raise NotConfigured("SCHEDEXT_CONTROL_ENABLED is off")
         return cls(crawler, Control.from_crawler(crawler), setting_float(crawler.settings, "SCHEDEXT_TICK_INTERVAL"))
 
@@ -483,6 +496,12 @@ class ControlExtension:
         except redis.RedisError as exc:  # Redis away for a moment: try again next tick, lose nothing
             self.stats.inc_value("schedext/control/errors")
             logger.error("control tick failed: %s", exc)
+            return
+        except Exception:
+            # A bug or an unforeseen record must not stop the looping call for good (the spider would stay open
+            # and schedule nothing). Every decision is a guarded commit, so a half-done tick left nothing torn.
+            self.stats.inc_value("schedext/control/errors")
+            logger.exception("control tick failed; trying again next tick")
             return
         self.stats.inc_value("schedext/control/ticks")
         for name in ("split", "reports", "recalled", "dead", "allocated"):

@@ -26,6 +26,9 @@ DEFAULTS: dict[str, Any] = {
     "SCHEDEXT_PAGE_LIMIT": 5,  # pages in a task's first subtask
     "SCHEDEXT_TIME_LIMIT": 30.0,  # seconds for a task's first subtask
     # --- control loop --------------------------------------------------------------------------------------
+    "SCHEDEXT_CONTROL_ENABLED": False,  # run the control loop in this process (the control spider sets it)
+    "SCHEDEXT_CONTROL_ID": None,  # str; default "<hostname>-<pid>"
+    "SCHEDEXT_MIDDLEWARE_ENABLED": True,  # the subtask downloader and spider middlewares
     "SCHEDEXT_TICK_INTERVAL": 1.0,  # seconds between control ticks
     "SCHEDEXT_TICK_BATCH": 500,  # reports / virtual tasks / recalls handled per step of one tick, at most
     "SCHEDEXT_LEADER_TTL": 10.0,  # seconds a control's leader lease lasts unless renewed

@@ -17,7 +17,3 @@ class ConfigurationError(SchedExtError):
 
 class ServiceUnavailable(SchedExtError):
     """Raised if Redis (or another required service) does not answer."""
-
-
-class StaleLease(SchedExtError):
-    """Raised if a lease token no longer matches: the subtask was recalled meanwhile."""

@@ -59,7 +59,7 @@ class Keys:
 
     @property
     def lease_info(self) -> str:
-        """Hash subtask id -> lease JSON {token, node, started, hard_deadline}."""
+        """Hash subtask id -> lease JSON {token, node, started, hard} (hard: the latest deadline a renewal may set)."""
         return self._k("lease_info")
 
     @property
@@ -74,13 +74,13 @@ class Keys:
 
     @property
     def dead(self) -> str:
-        """Hash dead-letter id -> JSON {reason, attempts, last_node, subtask|raw, at}."""
+        """Hash dead-letter id -> JSON {v, id, kind, reason, attempts, last_node, subtask | raw, at}."""
         return self._k("dead")
 
     # --- nodes, control ----------------------------------------------------------------------------------
     @property
     def nodes(self) -> str:
-        """Hash node id -> node JSON (type, host, pid, address, capacity, prefetch, subtasks, last_seen)."""
+        """Hash node id -> node JSON (type, host, pid, address, capacity, prefetch, subtasks); see node_seen."""
         return self._k("nodes")
 
     @property

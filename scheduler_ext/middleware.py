@@ -2,8 +2,8 @@
 
 :class:`SubtaskDownloaderMiddleware` (a downloader middleware) applies each subtask's time limit (download timeout
 and a deadline after which pages not yet started are dropped: the subtask ends as timed out with what it got),
-detects block pages through ``spider.is_blocked(response)``, HTTP errors and download failures, which end the
-subtask as failed with a reason, and measures time per page (stat ``schedext/page_seconds`` per site).
+detects block pages through ``spider.is_blocked(response, subtask)``, HTTP errors and download failures, which end
+the subtask as failed with a reason, and measures download time per site (stat ``site/<site>/download_seconds``).
 
 :class:`SubtaskSpiderMiddleware` (a spider middleware) counts what the spider makes of each page: the items it
 yields (which must then leave the pipelines before the subtask can finish) and the page's own figures that the
@@ -11,7 +11,8 @@ spider leaves on ``response.meta`` (results offered, engine-reported count, end 
 
 Both are no-ops for requests that do not belong to a subtask. Setting: ``SCHEDEXT_MIDDLEWARE_ENABLED``.
 Stats: ``schedext/pages/timeout``, ``schedext/pages/blocked``, ``schedext/pages/http_error``,
-``schedext/pages/download_error``, ``site/<site>/pages``, ``site/<site>/items``, ``site/<site>/blocked``.
+``schedext/pages/download_error``, ``site/<site>/pages``, ``site/<site>/items``, ``site/<site>/blocked``,
+``site/<site>/download_seconds``.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from scrapy import Request, signals
 from scrapy.exceptions import IgnoreRequest, NotConfigured
 from scrapy.http import Response
 
+from .defaults import setting
 from .tracker import META_PAGE, META_SID, Tracker, tracker_for
 
 logger = logging.getLogger(__name__)
@@ -38,7 +40,7 @@ class _Base:
 
     @classmethod
     def from_crawler(cls, crawler: Any) -> Any:
-        if not crawler.settings.getbool("SCHEDEXT_MIDDLEWARE_ENABLED", True):
+        if not setting(crawler.settings, "SCHEDEXT_MIDDLEWARE_ENABLED"):
             raise NotConfigured("SCHEDEXT_MIDDLEWARE_ENABLED is off")
         return cls(crawler)
 
@@ -67,7 +69,6 @@ class SubtaskDownloaderMiddleware(_Base):
             assert tracker is not None
             tracker.page_dropped(sid, page)
             raise IgnoreRequest(f"subtask {sid} ended; page {page} dropped")
-        active.started_pages = True
         request.meta["download_timeout"] = max(0.5, min(float(request.meta.get("download_timeout") or remaining),
                                                         remaining))
         request.meta[_STARTED] = time.monotonic()

@@ -181,7 +181,7 @@ class SubtaskScheduler:
         leases = [(sid, a.token) for sid, a in self.tracker.active.items() if not a.lost]
         try:
             lost = self.store.heartbeat(self.node_id, self.node_info(), self.lease_ttl, leases)
-        except redis.RedisError as exc:  # cannot renew: stop starting pages of subtasks we may lose
+        except redis.RedisError as exc:  # cannot renew: take nothing new; running pages go on (items are upserts)
             if self._redis_ok:
                 logger.error("heartbeat failed, Redis unreachable: %s", exc)
             self._redis_ok = False
@@ -239,8 +239,10 @@ class SubtaskScheduler:
 
         self.stats.inc_value("schedext/subtasks/malformed")
         obj = json.loads(raw)  # the take script already checked it is a JSON object with a string id
+        # The original payload travels in the report so the dead-letter entry shows what was wrong.
         stub = Subtask(id=obj["id"], task=str(obj.get("task") or "?"), site=str(obj.get("site") or "?"),
-                       first_page=0, page_limit=1, time_limit=float(obj["time_limit"]))
+                       first_page=0, page_limit=1, time_limit=float(obj["time_limit"]),
+                       payload={"malformed": raw[:2000]})
         report = Report(subtask=stub, node=self.node_id, outcome="failed",
                         reason=f"malformed subtask: {reason}", started=started, ended=self.store.now())
         self.store.finish(stub.id, token, report.to_json(), node=self.node_id, site=stub.site, group="",

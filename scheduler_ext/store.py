@@ -79,7 +79,7 @@ return lost
 # KEYS: leases, lease_info, subtasks, sleeping|failed, runs, agg site|node, agg product|site|node, agg index,
 #       count:node:<node>, progress, agg triples index, est:site:<site>, est:gs:<product>|<site>
 # ARGV: id, token, report json, runs maxlen, alpha, "site|node", offered, collected, pages, seconds, ok (1/0),
-#       group
+#       group, node
 _FINISH = _NOW + """
 local raw = redis.call('HGET', KEYS[2], ARGV[1])
 local lease = raw and cjson.decode(raw)
@@ -128,7 +128,7 @@ redis.call('HINCRBY', KEYS[10], ARGV[12] .. '|pages', pages)
 return 1
 """
 
-# release: give back leased subtasks a node has not started (on shutdown), straight to `waiting`.
+# release: give back the leased subtasks a closing node will not finish, straight to `waiting`.
 # KEYS: leases, lease_info, subtasks, waiting, crawl:<node>, queued
 # ARGV: node, then id, token, priority triples for leases; the crawl queue is returned whole.
 _RELEASE = """
@@ -290,7 +290,7 @@ class Store:
         return bool(self._finish(keys=keys, args=args))
 
     def release(self, node: str, leases: Iterable[tuple[str, str, float]]) -> int:
-        """Return leased-but-unstarted subtasks and the node's crawl queue to ``waiting``; how many moved."""
+        """Return unfinished leased subtasks and the node's crawl queue to ``waiting``; how many moved."""
         k = self.keys
         args: list[Any] = [node]
         for sid, token, priority in leases:

@@ -44,7 +44,6 @@ class Active:
     failure: str = ""
     timed_out: bool = False
     lost: bool = False  # the lease was recalled: finish will be refused
-    started_pages: bool = False  # a page reached the downloader
 
     @property
     def deadline_local(self) -> float:

@@ -229,3 +229,32 @@ def test_dynamic_allocation_routes_by_measured_rate(store: Store) -> None:
     # "bad" is not given a.com while "good" is better by far; it explores b.com instead.
     b = [Subtask.from_json(r) for r in store.redis.lrange(k.crawl("bad"), 0, -1)]
     assert [s.site for s in b] == ["b.com"]
+
+
+def test_subtask_a_node_could_not_read_goes_to_dead_letter_at_once(store: Store) -> None:
+    k = store.keys
+    bad = '{"v": 1, "id": "x1", "time_limit": 5, "page_limit": "many"}'
+    store.redis.lpush(k.crawl("n1"), bad)
+    raw, token, started = store.take("n1", lease_ttl=30, grace=5)  # passes the script's checks, not validation
+    stub = Subtask(id="x1", task="?", site="?", first_page=0, page_limit=1, time_limit=5.0,
+                   payload={"malformed": raw})
+    report = Report(subtask=stub, node="n1", outcome="failed", reason="malformed subtask: page_limit")
+    assert store.finish("x1", token, report.to_json(), node="n1", site="?", group="", offered=0, collected=0,
+                        pages=0, seconds=0.0, ok=False, alpha=0.3, runs_maxlen=100)
+    make_control(store).tick()
+    entry = json.loads(store.redis.hget(k.dead, "x1"))
+    assert entry["subtask"]["payload"]["malformed"] == bad and entry["attempts"] == 1
+    assert not store.redis.zcard(k.waiting)
+
+
+def test_corrupt_task_record_does_not_stop_the_loop(store: Store) -> None:
+    inject(store, {"name": "p", "sites": ["a.com"]})
+    store.heartbeat("n1", NODE_INFO, 30, [])
+    control = make_control(store)
+    control.tick()
+    st, token, _ = take(store, "n1")
+    store.redis.hset(store.keys.tasks, st.task, "not json")
+    finish(store, "n1", st, token)
+    result = control.tick()
+    assert result.reports == 1 and store.redis.llen(store.keys.sleeping) == 0
+    assert store.redis.hget(store.keys.counters, "corrupt_tasks") == "1"

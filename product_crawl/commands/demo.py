@@ -28,7 +28,7 @@ from product_crawl.services import DEFAULT_MONGO_URI, ServiceError, Services
 PRODUCTS: list[dict[str, Any]] = [{"name": "光明高钙牛奶"}, {"name": "特仑苏", "brand": "蒙牛"}, {"name": "蒙牛早餐奶"},
                                   {"name": "雀巢中老年奶粉"}]
 SITES = ["12315.com", "315tousu.org", "t.163.com", "cca.org.cn", "weibo.com"]
-# Shorter intervals than production so that two minutes show every mechanism (documented in docs/demo.md).
+# Shorter intervals than production so that two minutes show every mechanism (documented in docs/settings.md).
 DEMO_SETTINGS = {"SCHEDEXT_HEARTBEAT_INTERVAL": 2, "SCHEDEXT_RECALL_THRESHOLD": 20, "SCHEDEXT_TICK_INTERVAL": 0.5,
                  "SCHEDEXT_PATIENCE": 10, "LOG_LEVEL": "INFO"}
 

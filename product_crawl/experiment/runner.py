@@ -300,7 +300,8 @@ def run_configuration(name: str, opts: Options, *, redis_url: str, mongo_uri: st
         except RuntimeError as exc:  # the port was taken meanwhile, or the web failed: nothing ran yet
             raise ExperimentError(f"{tag} {exc}") from exc
         t0 = clock()
-        cluster.inject(virtual_tasks(opts.sites))
+        tasks: list[dict[str, Any] | str] = [*virtual_tasks(opts.sites)]
+        cluster.inject(tasks)
         cluster.start_control()
         samples: list[dict[str, Any]] = []
         status: dict[str, Any] = {}
@@ -343,5 +344,6 @@ def _sample(cluster: LocalCluster, t: float) -> tuple[dict[str, Any], dict[str, 
     # seconds would load the shared MongoDB server with work the nodes' writes are waiting for.
     items = int(cluster.mongo[cluster.mongo_db]["items"].estimated_document_count())
     return {"t": round(t, 2), "items": items, "waiting": status["queues"]["waiting"],
-            "tasks": sum(p["tasks"] for p in products.values()), "tasks_done": sum(p["done"] for p in products.values()),
+            "tasks": sum(p["tasks"] for p in products.values()),
+            "tasks_done": sum(p["done"] for p in products.values()),
             "pairs": pairs}, status
