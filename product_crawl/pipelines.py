@@ -7,8 +7,10 @@ Settings: ``MONGO_URI`` (default mongodb://127.0.0.1:27017), ``MONGO_DATABASE``,
 Each item is upserted on ``_id = "<fingerprint>:<product>"``, ``fingerprint`` being the SHA-1 of the canonical URL:
 the same result crawled again (a recalled subtask, another node) updates ``last_crawled_at`` and is never stored
 twice. Keying the upsert on ``_id`` makes it a primary-key lookup on any server (nx-27017 scans the collection for
-an update filtered on other fields, which made storage the bottleneck of a whole cluster). ``process_item`` awaits the bulk write that holds its item, so ``item_scraped`` means "acknowledged by
-MongoDB" and the node finishes a subtask only after its items are stored. A write error raises, the item ends in
+an update filtered on other fields, which made storage the bottleneck of a whole cluster).
+
+``process_item`` awaits the bulk write that holds its item, so ``item_scraped`` means "acknowledged by MongoDB"
+and the node finishes a subtask only after its items are stored. A write error raises, the item ends in
 ``item_error`` and its subtask fails (and is recalled): nothing is dropped silently.
 """
 
@@ -86,7 +88,8 @@ class MongoPipeline:
         doc["fingerprint"] = fingerprint(doc["url"])
         refreshed = {"last_crawled_at": doc.get("crawled_at", time.time()), "last_node_id": doc.get("node_id"),
                      "last_subtask_id": doc.get("subtask_id")}
-        self._batch.append(({"_id": f"{doc['fingerprint']}:{doc['product']}"}, {"$setOnInsert": doc, "$set": refreshed}))
+        key = {"_id": f"{doc['fingerprint']}:{doc['product']}"}
+        self._batch.append((key, {"$setOnInsert": doc, "$set": refreshed}))
         waiter: defer.Deferred[None] = defer.Deferred()
         self._waiters.append(waiter)
         if len(self._batch) >= self.batch_size:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 
 import redis as redis_lib
-
 from conftest import run_scrapy
+
 from scheduler_ext.keys import Keys
 from scheduler_ext.models import Subtask
 
