@@ -20,7 +20,7 @@ import json
 import logging
 import os
 import socket
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -162,6 +162,18 @@ class Control:
             self.is_leader = False
 
     # --- helpers -----------------------------------------------------------------------------------------------
+    def _oldest(self, key: str) -> Iterator[tuple[str, list[Any]]]:
+        """Up to a batch of the list's entries, oldest first, each with the guard that consumes exactly it.
+
+        An entry is only looked at here; the commit that acts on it pops it (``tail_is``), so a control that dies
+        between the two leaves it for the next tick, and one that loses the race to another control changes nothing.
+        """
+        for _ in range(self.batch):
+            raw = self.store.redis.lindex(key, -1)
+            if raw is None:
+                return
+            yield raw, ["tail_is", key, raw]
+
     def _ids(self, n: int) -> list[str]:
         last = int(self.store.redis.incrby(self.keys.seq, n))
         return [str(i) for i in range(last - n + 1, last + 1)]
@@ -178,11 +190,7 @@ class Control:
     # --- 1. split injected virtual tasks ---------------------------------------------------------------------
     def _split(self, result: TickResult) -> None:
         k = self.keys
-        for _ in range(self.batch):
-            raw = self.store.redis.lindex(k.virtual, -1)
-            if raw is None:
-                return
-            guard = ["tail_is", k.virtual, raw]
+        for raw, guard in self._oldest(k.virtual):
             try:
                 if self.splitter is None:
                     raise ConfigurationError("SCHEDEXT_SPLITTER is not set: cannot split virtual tasks")
@@ -217,11 +225,7 @@ class Control:
     # --- 2. modification: reports of finished subtasks -----------------------------------------------------
     def _reports(self, result: TickResult) -> None:
         k = self.keys
-        for _ in range(self.batch):
-            raw = self.store.redis.lindex(k.sleeping, -1)
-            if raw is None:
-                return
-            guard = ["tail_is", k.sleeping, raw]
+        for raw, guard in self._oldest(k.sleeping):
             try:
                 report = Report.from_json(raw)
             except InvalidInput as exc:
@@ -298,11 +302,7 @@ class Control:
 
     def _failures(self, result: TickResult) -> None:
         k = self.keys
-        for _ in range(self.batch):
-            raw = self.store.redis.lindex(k.failed, -1)
-            if raw is None:
-                return
-            guard = ["tail_is", k.failed, raw]
+        for raw, guard in self._oldest(k.failed):
             try:
                 report = Report.from_json(raw)
             except InvalidInput as exc:
