@@ -553,3 +553,37 @@ def test_load_strategy_builds_defaults_and_reads_settings() -> None:
     assert isinstance(load_strategy(crawler, "SCHEDEXT_ALLOCATION", Allocation), SharedAllocation)
     assert isinstance(load_strategy(crawler, "SCHEDEXT_MODIFICATION", Modification), FixedModification)
     assert isinstance(load_strategy(crawler, "SCHEDEXT_RECALL", Recall), NoRecall)
+
+
+# --- contract suites for modification and recall: every implementation, baselines included -----------------------
+
+MODIFICATIONS = [DynamicModification(), FixedModification(), DynamicModification(base_pages=20, max_pages=20)]
+
+
+@pytest.mark.parametrize("strategy", MODIFICATIONS, ids=lambda s: type(s).__name__)
+@pytest.mark.parametrize("completion,spp", [(None, None), (0.0, 0.1), (0.5, 1.0), (1.0, 0.05), (1.0, 30.0)])
+def test_modification_contract(strategy: Any, completion: float | None, spp: float | None) -> None:
+    est = FakeEstimates()
+    if completion is not None and spp is not None:
+        est.set("a.com", "n1", completion, spp)
+    report = Report(subtask=st("m1"), node="n1", outcome="done", offered=50, collected=25, pages=5,
+                    started=NOW - 10, ended=NOW)
+    pages, limit = strategy.next_limits(report, est)
+    assert isinstance(pages, int) and pages >= 1
+    assert isinstance(limit, float | int) and limit > 0
+
+
+RECALLS = [DynamicRecall(threshold=60, max_recalls=5), NoRecall(threshold=60)]
+
+
+@pytest.mark.parametrize("strategy", RECALLS, ids=lambda s: type(s).__name__)
+@pytest.mark.parametrize("failed", [True, False])
+def test_recall_contract(strategy: Any, failed: bool) -> None:
+    decisions = [strategy.decide(Subtask(**{**st("r1").__dict__, "attempt": a}), "n1", "why", failed=failed)
+                 for a in range(8)]
+    assert all(isinstance(d, RecallDecision) for d in decisions)
+    assert strategy.threshold == 60
+    # Once a strategy gives a subtask up (dead-letter), it never takes it back up at a higher attempt count.
+    dead_at = [a for a, d in enumerate(decisions) if d is RecallDecision.DEAD]
+    if dead_at:
+        assert dead_at == list(range(dead_at[0], 8))
