@@ -322,8 +322,13 @@ class Control:
                 decision = RecallDecision.DEAD
             else:
                 decision = self.recall.decide(st, report.node, report.reason, failed=True)
+            end = st.first_page + st.page_limit
             if decision is RecallDecision.ABANDON:
                 writes = self._advance(report, abandoned=True)
+            elif decision is RecallDecision.REQUEUE and st.first_page < report.next_page < end:
+                # The pages before the failure were crawled and stored: recall only the rest of the slice.
+                rest = Subtask(**{**st.__dict__, "first_page": report.next_page, "page_limit": end - report.next_page})
+                writes = self._recall_writes(rest, report.node, f"failed on {report.node}: {report.reason}", decision)
             else:
                 writes = self._recall_writes(st, report.node, f"failed on {report.node}: {report.reason}", decision)
             if self.store.commit([guard], writes):

@@ -258,3 +258,18 @@ def test_corrupt_task_record_does_not_stop_the_loop(store: Store) -> None:
     result = control.tick()
     assert result.reports == 1 and store.redis.llen(store.keys.sleeping) == 0
     assert store.redis.hget(store.keys.counters, "corrupt_tasks") == "1"
+
+
+def test_a_failed_subtask_is_recalled_from_the_first_page_it_did_not_crawl(store: Store) -> None:
+    inject(store, {"name": "p", "sites": ["a.com"]})
+    store.heartbeat("n1", NODE_INFO, 30, [])
+    control = make_control(store)
+    control.tick()
+    st, token, _ = take(store, "n1")
+    report = Report(subtask=st, node="n1", outcome="failed", reason="HTTP 503", offered=20, collected=20, pages=2,
+                    next_page=2, started=store.now() - 1, ended=store.now())
+    store.finish(st.id, token, report.to_json(), node="n1", site=st.site, group=st.group, offered=20,
+                 collected=20, pages=2, seconds=1.0, ok=False, alpha=0.3, runs_maxlen=100)
+    control.tick()
+    again = Subtask.from_json(store.redis.hget(store.keys.subtasks, st.id))
+    assert (again.first_page, again.page_limit, again.attempt) == (2, 1, 1)  # pages 0-1 were stored already
