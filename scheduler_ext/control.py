@@ -123,9 +123,9 @@ class Control:
             raise ConfigurationError(f"SCHEDEXT_SPLITTER: cannot load {splitter_path!r}: {exc}") from exc
         return cls(
             Store(redis_from_settings(s), Keys(setting(s, "SCHEDEXT_PREFIX"))), splitter=splitter,
-            allocation=load_strategy(crawler, "SCHEDEXT_ALLOCATION", Allocation),
-            modification=load_strategy(crawler, "SCHEDEXT_MODIFICATION", Modification),
-            recall=load_strategy(crawler, "SCHEDEXT_RECALL", Recall),
+            allocation=load_strategy(crawler, "SCHEDEXT_ALLOCATION"),
+            modification=load_strategy(crawler, "SCHEDEXT_MODIFICATION"),
+            recall=load_strategy(crawler, "SCHEDEXT_RECALL"),
             control_id=setting(s, "SCHEDEXT_CONTROL_ID"),
             page_limit=setting_int(s, "SCHEDEXT_PAGE_LIMIT"), time_limit=setting_float(s, "SCHEDEXT_TIME_LIMIT"),
             batch=setting_int(s, "SCHEDEXT_TICK_BATCH"), leader_ttl=setting_float(s, "SCHEDEXT_LEADER_TTL"))

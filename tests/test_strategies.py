@@ -21,9 +21,7 @@ from scheduler_ext.models import Report, Subtask
 from scheduler_ext.strategies import (
     Allocation,
     Estimate,
-    Modification,
     NodeView,
-    Recall,
     RecallDecision,
     load_strategy,
 )
@@ -515,7 +513,7 @@ def test_no_recall(attempt: int) -> None:
 def test_load_strategy_bad_path_names_the_setting(path: str) -> None:
     crawler = get_crawler(settings_dict={"SCHEDEXT_ALLOCATION": path})
     with pytest.raises(ConfigurationError, match=rf"^SCHEDEXT_ALLOCATION: cannot load strategy '{path}'"):
-        load_strategy(crawler, "SCHEDEXT_ALLOCATION", Allocation)
+        load_strategy(crawler, "SCHEDEXT_ALLOCATION")
 
 
 def test_load_strategy_refuses_the_wrong_kind() -> None:
@@ -525,7 +523,7 @@ def test_load_strategy_refuses_the_wrong_kind() -> None:
     with pytest.raises(
         ConfigurationError, match="^SCHEDEXT_RECALL: .*SharedAllocation.* is not a Recall strategy"
     ):
-        load_strategy(crawler, "SCHEDEXT_RECALL", Recall)
+        load_strategy(crawler, "SCHEDEXT_RECALL")
 
 
 def test_load_strategy_builds_defaults_and_reads_settings() -> None:
@@ -537,11 +535,11 @@ def test_load_strategy_builds_defaults_and_reads_settings() -> None:
             "SCHEDEXT_PAGE_LIMIT": 8,
         }
     )
-    alloc = load_strategy(crawler, "SCHEDEXT_ALLOCATION", Allocation)
+    alloc = load_strategy(crawler, "SCHEDEXT_ALLOCATION")
     assert isinstance(alloc, DynamicAllocation) and alloc.slow_factor == 5.0 and alloc.explore_timeout == 90.0
-    recall = load_strategy(crawler, "SCHEDEXT_RECALL", Recall)
+    recall = load_strategy(crawler, "SCHEDEXT_RECALL")
     assert isinstance(recall, DynamicRecall) and (recall.threshold, recall.max_recalls) == (90.0, 3)
-    mod = load_strategy(crawler, "SCHEDEXT_MODIFICATION", Modification)
+    mod = load_strategy(crawler, "SCHEDEXT_MODIFICATION")
     assert isinstance(mod, DynamicModification) and mod.base_pages == 8 and mod.budget == 45.0
     crawler = get_crawler(
         settings_dict={
@@ -550,9 +548,9 @@ def test_load_strategy_builds_defaults_and_reads_settings() -> None:
             "SCHEDEXT_RECALL": "scheduler_ext.strategies.recall.NoRecall",
         }
     )
-    assert isinstance(load_strategy(crawler, "SCHEDEXT_ALLOCATION", Allocation), SharedAllocation)
-    assert isinstance(load_strategy(crawler, "SCHEDEXT_MODIFICATION", Modification), FixedModification)
-    assert isinstance(load_strategy(crawler, "SCHEDEXT_RECALL", Recall), NoRecall)
+    assert isinstance(load_strategy(crawler, "SCHEDEXT_ALLOCATION"), SharedAllocation)
+    assert isinstance(load_strategy(crawler, "SCHEDEXT_MODIFICATION"), FixedModification)
+    assert isinstance(load_strategy(crawler, "SCHEDEXT_RECALL"), NoRecall)
 
 
 # --- contract suites for modification and recall: every implementation, baselines included -----------------------

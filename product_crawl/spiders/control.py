@@ -11,6 +11,8 @@ from typing import Any
 
 from scrapy import Spider
 
+from scheduler_ext.strategies import check_strategy_settings
+
 
 class ControlSpider(Spider):
     name = "control"
@@ -21,6 +23,12 @@ class ControlSpider(Spider):
         "REMOTE_CONTROL_ENABLED": False,
         "LOGSTATS_INTERVAL": 0,
     }
+
+    @classmethod
+    def from_crawler(cls, crawler: Any, *args: Any, **kwargs: Any) -> ControlSpider:
+        # Refuse bad strategy settings before the crawl starts, so the process exits non-zero naming the setting.
+        check_strategy_settings(crawler.settings)
+        return super().from_crawler(crawler, *args, **kwargs)
 
     async def start(self) -> AsyncIterator[Any]:
         return

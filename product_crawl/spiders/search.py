@@ -43,6 +43,11 @@ class SearchSpider(Spider):
     name = "search"
     custom_settings = NODE_SETTINGS
 
+    @classmethod
+    def from_crawler(cls, crawler: Any, *args: Any, **kwargs: Any) -> SearchSpider:
+        node_identity(crawler.settings)  # refuse a bad node id or type before the crawl starts
+        return super().from_crawler(crawler, *args, **kwargs)
+
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._engines: dict[str, Engine] = {}

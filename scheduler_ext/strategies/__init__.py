@@ -86,15 +86,33 @@ class Recall(abc.ABC):
         """``failed`` is True for a failure report, False for a lapsed lease / stale queue entry / dead node."""
 
 
-def load_strategy(crawler: Any, name: str, base: type) -> Any:
-    """Build the strategy named by setting ``name`` (a dotted path), checking it implements ``base``."""
-    from scrapy.utils.misc import build_from_crawler, load_object
+STRATEGY_SETTINGS = {"SCHEDEXT_ALLOCATION": Allocation, "SCHEDEXT_MODIFICATION": Modification,
+                     "SCHEDEXT_RECALL": Recall}
 
-    path = setting(crawler.settings, name)
+
+def strategy_class(settings: Any, name: str) -> type:
+    """The class named by strategy setting ``name``; ConfigurationError naming the setting if it is unusable."""
+    from scrapy.utils.misc import load_object
+
+    base = STRATEGY_SETTINGS[name]
+    path = setting(settings, name)
     try:
         cls = load_object(path)
     except (ImportError, NameError, ValueError, AttributeError) as exc:
         raise ConfigurationError(f"{name}: cannot load strategy {path!r}: {exc}") from exc
     if not (isinstance(cls, type) and issubclass(cls, base)):
         raise ConfigurationError(f"{name}: {path!r} is not a {base.__name__} strategy")
-    return build_from_crawler(cls, crawler)
+    return cls
+
+
+def check_strategy_settings(settings: Any) -> None:
+    """Fail fast, naming the setting, if any strategy setting does not name a usable strategy class."""
+    for name in STRATEGY_SETTINGS:
+        strategy_class(settings, name)
+
+
+def load_strategy(crawler: Any, name: str) -> Any:
+    """Build the strategy named by setting ``name`` (a dotted path), checking it implements its contract."""
+    from scrapy.utils.misc import build_from_crawler
+
+    return build_from_crawler(strategy_class(crawler.settings, name), crawler)
