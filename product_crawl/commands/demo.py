@@ -97,8 +97,9 @@ class Command(ScrapyCommand):
             write_line(f"injected {cluster.inject(demo_tasks())} virtual tasks (4 products x 5 sites, Baidu and "
                        "Weibo)")
             start = time.monotonic()
-            while (elapsed := time.monotonic() - start) < duration:
+            while time.monotonic() - start < duration:
                 time.sleep(3)
+                elapsed = time.monotonic() - start
                 st = cluster.status()
                 q, c = st["queues"], st["cluster"]
                 done = sum(p["done"] for p in st["products"].values())
