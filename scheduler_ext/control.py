@@ -29,6 +29,7 @@ from scrapy import signals
 from scrapy.exceptions import DontCloseSpider, NotConfigured
 from scrapy.utils.asyncio import create_looping_call
 from scrapy.utils.misc import load_object
+from twisted.internet import threads
 
 from .connection import redis_from_settings
 from .defaults import setting, setting_float, setting_int
@@ -111,6 +112,7 @@ class Control:
         self.page_limit, self.time_limit = page_limit, time_limit
         self.batch, self.leader_ttl = batch, leader_ttl
         self.estimates = EstimateCache(store)  # renewed every tick
+        self.now = 0.0  # Redis time at the start of the current tick
         self.is_leader = False
 
     @classmethod
@@ -140,7 +142,7 @@ class Control:
         if not leader:
             return result
         self.estimates = EstimateCache(self.store)
-        now = self.store.now()
+        now = self.now = self.store.now()  # one Redis time per tick: the time stamps of its decisions
         self._split(result)
         self._reports(result)
         self._failures(result)
@@ -180,7 +182,7 @@ class Control:
 
     def _dead_letter(self, src_guard: list[Any], dead_id: str, entry: dict[str, Any],
                      extra: list[list[Any]] | None = None) -> bool:
-        entry = {"v": 1, "id": dead_id, "at": self.store.now(), **entry}
+        entry = {"v": 1, "id": dead_id, "at": self.now, **entry}
         writes = [["hset", self.keys.dead, dead_id, json.dumps(entry, ensure_ascii=False)], *(extra or [])]
         return bool(self.store.commit([src_guard], writes))
 
@@ -205,7 +207,7 @@ class Control:
                 continue
             ids = self._ids(2 * len(specs))
             writes: list[list[Any]] = []
-            now = self.store.now()
+            now = self.now
             for i, spec in enumerate(specs):
                 tid, sid = ids[2 * i], ids[2 * i + 1]
                 prio = spec.get("priority")
@@ -271,7 +273,7 @@ class Control:
             nid = self._ids(1)[0]
             nxt = Subtask(id=nid, task=task.id, site=task.site, group=task.group, type=task.type,
                           priority=task.priority, first_page=task.next_page, page_limit=pages, time_limit=limit,
-                          prev_node=report.node, since=self.store.now(), payload=task.payload)
+                          prev_node=report.node, since=self.now, payload=task.payload)
             if (pages, limit) != (st.page_limit, st.time_limit):
                 writes.append(["hincrby", k.node_counters(report.node), "modified", 1])
             task.page_limit, task.time_limit = pages, limit
@@ -288,14 +290,14 @@ class Control:
         who = node or "?"
         if decision is RecallDecision.DEAD:
             entry = {"v": 1, "id": st.id, "kind": "subtask", "reason": reason, "attempts": st.attempt + 1,
-                     "last_node": node, "subtask": json.loads(st.to_json()), "at": self.store.now()}
+                     "last_node": node, "subtask": json.loads(st.to_json()), "at": self.now}
             writes += [["hset", k.dead, st.id, json.dumps(entry, ensure_ascii=False)],
                        ["hdel", k.subtasks, st.id], ["hincrby", k.node_counters(who), "dead", 1],
                        ["hincrby", k.node_counters(who), "recalled", 1]]
         else:
             avoid = list(dict.fromkeys([*st.avoid, *([node] if node else [])]))[-3:]
             again = Subtask(**{**st.__dict__, "attempt": st.attempt + 1, "avoid": avoid, "node": None,
-                               "prev_node": node or st.prev_node, "since": self.store.now()})
+                               "prev_node": node or st.prev_node, "since": self.now})
             writes += self._new_subtask_writes(again)
             writes.append(["hincrby", k.node_counters(who), "recalled", 1])
         return writes
@@ -479,6 +481,7 @@ class ControlExtension:
         self.crawler, self.control, self.interval = crawler, control, interval
         self.stats = crawler.stats
         self._loop: Any = None
+        self._ticking = False
         crawler.signals.connect(self.opened, signal=signals.spider_opened)
         crawler.signals.connect(self.closed, signal=signals.spider_closed)
         crawler.signals.connect(self.idle, signal=signals.spider_idle)
@@ -496,17 +499,28 @@ class ControlExtension:
                     self.control.keys.prefix)
 
     def tick(self) -> None:
-        try:
-            r = self.control.tick()
-        except redis.RedisError as exc:  # Redis away for a moment: try again next tick, lose nothing
-            self.stats.inc_value("schedext/control/errors")
-            logger.error("control tick failed: %s", exc)
+        """Run one tick in a worker thread (its Redis calls never block the reactor); skip if one is running."""
+        if self._ticking:
             return
+        self._ticking = True
+        d = threads.deferToThread(self._tick)
+        d.addBoth(self._ticked)
+
+    def _tick(self) -> TickResult | None:
+        try:
+            return self.control.tick()
+        except redis.RedisError as exc:  # Redis away for a moment: try again next tick, lose nothing
+            logger.error("control tick failed: %s", exc)
         except Exception:
-            # A bug or an unforeseen record must not stop the looping call for good (the spider would stay open
-            # and schedule nothing). Every decision is a guarded commit, so a half-done tick left nothing torn.
-            self.stats.inc_value("schedext/control/errors")
+            # A bug or an unforeseen record must not stop the loop for good (the spider would stay open and
+            # schedule nothing). Every decision is a guarded commit, so a half-done tick left nothing torn.
             logger.exception("control tick failed; trying again next tick")
+        return None
+
+    def _ticked(self, r: TickResult | None) -> None:
+        self._ticking = False
+        if r is None:
+            self.stats.inc_value("schedext/control/errors")
             return
         self.stats.inc_value("schedext/control/ticks")
         for name in ("split", "reports", "recalled", "dead", "allocated"):
