@@ -96,6 +96,7 @@ class Command(ScrapyCommand):
             write_line(f"control  scrapy crawl control (logs in {out / 'logs'})")
             write_line(f"injected {cluster.inject(demo_tasks())} virtual tasks (4 products x 5 sites, Baidu and "
                        "Weibo)")
+            write_line("watch it from another terminal: .venv/bin/scrapy status --watch -s 'SCHEDEXT_PREFIX={demo}'")
             start = time.monotonic()
             while time.monotonic() - start < duration:
                 time.sleep(3)
