@@ -16,13 +16,7 @@ from scheduler_ext.strategies import check_strategy_settings
 
 class ControlSpider(Spider):
     name = "control"
-    custom_settings = {
-        "SCHEDEXT_CONTROL_ENABLED": True,
-        "EXTENSIONS": {"scheduler_ext.control.ControlExtension": 500},
-        "TELNETCONSOLE_ENABLED": False,
-        "REMOTE_CONTROL_ENABLED": False,
-        "LOGSTATS_INTERVAL": 0,
-    }
+    custom_settings = {"ADDONS": {"scheduler_ext.addon.ControlAddon": 0}, "LOGSTATS_INTERVAL": 0}
 
     @classmethod
     def from_crawler(cls, crawler: Any, *args: Any, **kwargs: Any) -> ControlSpider:

@@ -22,18 +22,12 @@ from scheduler_ext.scheduler import node_identity
 from scheduler_ext.tracker import META_LAST, META_OFFERED, META_PAGE, META_REPORTED, META_TOTAL_PAGES
 
 NODE_SETTINGS: dict[str, Any] = {
-    "SCHEDULER": "scheduler_ext.scheduler.SubtaskScheduler",
-    "STATS_CLASS": "scheduler_ext.stats.RedisStatsCollector",
-    "DOWNLOADER_MIDDLEWARES": {"scheduler_ext.middleware.SubtaskDownloaderMiddleware": 900},
-    "SPIDER_MIDDLEWARES": {"scheduler_ext.middleware.SubtaskSpiderMiddleware": 950},
+    # The subtask scheduler, middlewares and Redis stats; telnet, remote control, file/data/ftp/s3 handlers off.
+    "ADDONS": {"scheduler_ext.addon.NodeAddon": 0},
     "ITEM_PIPELINES": {"product_crawl.pipelines.MongoPipeline": 300},
     # Recall is the retry mechanism: a failed page fails its subtask, which the control sends elsewhere.
     "RETRY_ENABLED": False,
     "REDIRECT_ENABLED": False,
-    # Nodes take orders from Redis only: no telnet console, no remote control, no local-file handlers.
-    "TELNETCONSOLE_ENABLED": False,
-    "REMOTE_CONTROL_ENABLED": False,
-    "DOWNLOAD_HANDLERS": {"file": None, "data": None, "ftp": None, "s3": None},
     "COOKIES_ENABLED": False,
     "LOGSTATS_INTERVAL": 30.0,
 }

@@ -1,0 +1,40 @@
+"""The add-ons configure a crawler as a node or a control (Scrapy's own add-on loading, no services needed)."""
+
+from __future__ import annotations
+
+from scrapy.utils.test import get_crawler
+
+from product_crawl.spiders.control import ControlSpider
+from product_crawl.spiders.search import SearchSpider
+from scheduler_ext.control import ControlExtension
+from scheduler_ext.middleware import SubtaskDownloaderMiddleware, SubtaskSpiderMiddleware
+
+
+def _settings(spider_cls: type, **extra: object) -> object:
+    crawler = get_crawler(spider_cls, settings_dict=dict(extra))
+    crawler._apply_settings()  # as Crawler.crawl does (a no-op if get_crawler already did)
+    return crawler.settings
+
+
+def test_node_addon_makes_the_search_spider_a_locked_down_node() -> None:
+    s = _settings(SearchSpider)
+    assert s["SCHEDULER"] == "scheduler_ext.scheduler.SubtaskScheduler"
+    assert s["STATS_CLASS"] == "scheduler_ext.stats.RedisStatsCollector"
+    assert s.getdict("DOWNLOADER_MIDDLEWARES")[SubtaskDownloaderMiddleware] == 900
+    assert s.getdict("SPIDER_MIDDLEWARES")[SubtaskSpiderMiddleware] == 950
+    assert not s.getbool("TELNETCONSOLE_ENABLED") and not s.getbool("REMOTE_CONTROL_ENABLED")
+    handlers = s.getdict("DOWNLOAD_HANDLERS")
+    assert all(handlers[scheme] is None for scheme in ("file", "data", "ftp", "s3"))
+
+
+def test_node_addon_keeps_a_projects_own_middleware_order() -> None:
+    path = "scheduler_ext.middleware.SubtaskDownloaderMiddleware"
+    s = _settings(SearchSpider, DOWNLOADER_MIDDLEWARES={path: 10})
+    assert s.getdict("DOWNLOADER_MIDDLEWARES") == {path: 10}
+
+
+def test_control_addon_enables_the_control_loop() -> None:
+    s = _settings(ControlSpider)
+    assert s.getbool("SCHEDEXT_CONTROL_ENABLED")
+    assert s.getdict("EXTENSIONS")[ControlExtension] == 500
+    assert not s.getbool("TELNETCONSOLE_ENABLED")
