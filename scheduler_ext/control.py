@@ -267,16 +267,19 @@ class Control:
             writes.append(["hincrby", k.progress, f"{task.group}|done", 1])
             writes.append(["hincrby", k.counters, "tasks_done", 1])
         else:
-            pages, limit = self.modification.next_limits(report, self.estimates)
+            chosen = self.modification.next_limits(report, self.estimates)
+            # "Modified": the strategy chose other limits than the task's last ones (not a recall's remainder of a
+            # slice, nor the cut to the pages left at the end of the results).
+            if chosen != (task.page_limit, task.time_limit):
+                writes.append(["hincrby", k.node_counters(report.node), "modified", 1])
+            pages, limit = chosen
             if task.total_pages is not None:
                 pages = max(1, min(pages, task.total_pages - task.next_page))
             nid = self._ids(1)[0]
             nxt = Subtask(id=nid, task=task.id, site=task.site, group=task.group, type=task.type,
                           priority=task.priority, first_page=task.next_page, page_limit=pages, time_limit=limit,
                           prev_node=report.node, since=self.now, payload=task.payload)
-            if (pages, limit) != (st.page_limit, st.time_limit):
-                writes.append(["hincrby", k.node_counters(report.node), "modified", 1])
-            task.page_limit, task.time_limit = pages, limit
+            task.page_limit, task.time_limit = chosen
             writes += self._new_subtask_writes(nxt)
         writes.append(["hset", k.tasks, task.id, task.to_json()])
         return writes

@@ -273,3 +273,10 @@ def test_a_failed_subtask_is_recalled_from_the_first_page_it_did_not_crawl(store
     control.tick()
     again = Subtask.from_json(store.redis.hget(store.keys.subtasks, st.id))
     assert (again.first_page, again.page_limit, again.attempt) == (2, 1, 1)  # pages 0-1 were stored already
+    # Finishing that remainder does not count as a modification: the fixed strategy chose the same limits again.
+    st2, token2, _ = take(store, "n1")
+    assert finish(store, "n1", st2, token2)
+    control.tick()
+    nxt = Subtask.from_json(store.redis.lindex(store.keys.crawl("n1"), 0))
+    assert (nxt.first_page, nxt.page_limit) == (3, 3)
+    assert store.redis.hget(store.keys.node_counters("n1"), "modified") is None
