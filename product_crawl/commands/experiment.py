@@ -79,7 +79,7 @@ class Command(ScrapyCommand):
             return
         services = Services(self.settings)
         try:
-            services.start()
+            started_here = any(state.detail == "started" for state in services.start())
         except ServiceError as exc:
             write_error(str(exc))
             self.exitcode = 1
@@ -97,6 +97,9 @@ class Command(ScrapyCommand):
             write_error("interrupted; the configurations that finished are in " + str(options.out / "raw"))
             self.exitcode = 130
             return
+        finally:
+            if started_here:  # like the demo: leave running only what was running before
+                services.stop()
         write_line("")
         for line in console_table(summary):
             write_line(line)
