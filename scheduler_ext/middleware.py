@@ -27,7 +27,7 @@ from scrapy.exceptions import IgnoreRequest, NotConfigured
 from scrapy.http import Response
 
 from .defaults import setting
-from .tracker import META_PAGE, META_SID, Tracker, tracker_for
+from .tracker import META_PAGE, META_SID, Active, Tracker, tracker_for
 
 logger = logging.getLogger(__name__)
 _STARTED = "schedext_download_started"
@@ -48,25 +48,24 @@ class _Base:
     def tracker(self) -> Tracker | None:
         return tracker_for(self.crawler)
 
-    def _site(self, request: Request) -> str:
+    def _active(self, request: Request) -> tuple[Tracker, Active] | None:
+        """The tracker and the active subtask ``request`` belongs to, if it belongs to one."""
         tracker = self.tracker
         active = tracker.get(request.meta.get(META_SID)) if tracker else None
-        return active.subtask.site if active else "?"
+        return (tracker, active) if tracker and active else None
 
 
 class SubtaskDownloaderMiddleware(_Base):
     def process_request(self, request: Request) -> None:
-        tracker, sid = self.tracker, str(request.meta.get(META_SID))
-        active = tracker.get(sid) if tracker else None
-        if active is None:
+        if (found := self._active(request)) is None:
             return
-        page = request.meta[META_PAGE]
+        tracker, active = found
+        sid, page = active.subtask.id, request.meta[META_PAGE]
         remaining = active.deadline_local - time.monotonic()
         if remaining <= 0 and not active.moot(page):
             active.timed_out = True
             self.stats.inc_value("schedext/pages/timeout")
         if active.moot(page):
-            assert tracker is not None
             tracker.page_dropped(sid, page)
             raise IgnoreRequest(f"subtask {sid} ended; page {page} dropped")
         request.meta["download_timeout"] = max(0.5, min(float(request.meta.get("download_timeout") or remaining),
@@ -74,12 +73,10 @@ class SubtaskDownloaderMiddleware(_Base):
         request.meta[_STARTED] = time.monotonic()
 
     def process_response(self, request: Request, response: Response) -> Request | Response:
-        tracker, sid = self.tracker, str(request.meta.get(META_SID))
-        active = tracker.get(sid) if tracker else None
-        if active is None:
+        if (found := self._active(request)) is None:
             return response
-        assert tracker is not None
-        site, page = active.subtask.site, request.meta[META_PAGE]
+        tracker, active = found
+        sid, site, page = active.subtask.id, active.subtask.site, request.meta[META_PAGE]
         if _STARTED in request.meta:
             self.stats.inc_value(f"site/{site}/download_seconds", time.monotonic() - request.meta[_STARTED])
         if response.status >= 400:
@@ -96,11 +93,10 @@ class SubtaskDownloaderMiddleware(_Base):
         return response
 
     def process_exception(self, request: Request, exception: Exception) -> None:
-        tracker, sid = self.tracker, str(request.meta.get(META_SID))
-        active = tracker.get(sid) if tracker else None
-        if active is None or isinstance(exception, IgnoreRequest):
+        if isinstance(exception, IgnoreRequest) or (found := self._active(request)) is None:
             return
-        assert tracker is not None
+        tracker, active = found
+        sid = active.subtask.id
         if time.monotonic() >= active.deadline_local - 0.05:
             # The subtask's time limit cut this download short: a timeout, not a failure of the site.
             active.timed_out = True

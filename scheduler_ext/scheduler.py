@@ -24,6 +24,7 @@ Stats: ``schedext/subtasks/taken``, ``schedext/subtasks/done``, ``schedext/subta
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import socket
@@ -159,11 +160,10 @@ class SubtaskScheduler:
     def next_request(self) -> Request | None:
         while self.queue:
             request = self.queue.popleft()
-            sid, page = str(request.meta.get(META_SID)), request.meta.get(META_PAGE)
-            active = self.tracker.get(sid)
+            active, page = self.tracker.get(request.meta.get(META_SID)), request.meta.get(META_PAGE)
             if active is not None and page is not None and active.moot(page):
                 self.stats.inc_value("schedext/pages/dropped")
-                self.tracker.page_dropped(sid, page)
+                self.tracker.page_dropped(active.subtask.id, page)
                 continue
             return request
         return None
@@ -235,8 +235,6 @@ class SubtaskScheduler:
 
     def _finish_invalid(self, raw: str, token: str, started: float, reason: str) -> None:
         """A payload that passed the take script's checks but not full validation: report it failed."""
-        import json
-
         self.stats.inc_value("schedext/subtasks/malformed")
         obj = json.loads(raw)  # the take script already checked it is a JSON object with a string id
         # The original payload travels in the report so the dead-letter entry shows what was wrong.
@@ -244,7 +242,7 @@ class SubtaskScheduler:
                        first_page=0, page_limit=1, time_limit=float(obj["time_limit"]),
                        payload={"malformed": raw[:2000]})
         report = Report(subtask=stub, node=self.node_id, outcome="failed",
-                        reason=f"malformed subtask: {reason}", started=started, ended=self.store.now())
+                        reason=f"malformed subtask: {reason}", started=started, ended=started)
         self.store.finish(stub.id, token, report.to_json(), node=self.node_id, site=stub.site, group="",
                           offered=0, collected=0, pages=0, seconds=0.0, ok=False, alpha=self.alpha,
                           runs_maxlen=self.runs_maxlen)
@@ -261,10 +259,8 @@ class SubtaskScheduler:
             outcome = "done"
         else:
             outcome = "timeout"
-        try:
-            ended = self.store.now()
-        except redis.RedisError:
-            ended = a.started + (time.monotonic() - a.started_local)
+        # Redis time at the lease plus the node's monotonic duration: no clock of the node, no extra round trip.
+        ended = a.started + (time.monotonic() - a.started_local)
         report = Report(subtask=st, node=self.node_id, outcome=outcome, reason=a.failure, reported=a.reported,
                         offered=a.offered, collected=a.collected, pages=len(a.pages_done), next_page=next_page,
                         exhausted=exhausted, total_pages=a.total_pages, started=a.started, ended=ended)
