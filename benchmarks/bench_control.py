@@ -138,8 +138,9 @@ def register_nodes(store: Store, site_list: list[tuple[str, int]]) -> list[str]:
             for nid in nodes:
                 pipe.hset(store.keys.agg_site_node(site, nid), mapping={
                     "runs": 5, "offered": 500, "collected": 450, "pages": 25, "seconds": 12.5,
-                    "completion": f"{rng.uniform(0.85, 0.95):.6f}", "spp": f"{rng.uniform(0.45, 0.55):.6f}",
                     "last_run": f"{now:.3f}"})
+                pipe.hset(store.keys.est_site(site), nid, json.dumps({
+                    "c": rng.uniform(0.85, 0.95), "spp": rng.uniform(0.45, 0.55), "runs": 5, "last": now}))
                 pipe.sadd(store.keys.agg_index, f"{site}|{nid}")
         pipe.execute()
     return nodes
@@ -243,8 +244,8 @@ def profile_tick(d: Deployment) -> str:
 
 
 def summary(d: Deployment) -> dict[str, Any]:
-    # Private attribute, read for the report only: how many estimate hashes the control holds now (one tick's).
-    cache = d.control.estimates._hashes
+    # Private attributes, read for the report only: how many estimate hashes the control holds (one tick's).
+    cache = {**d.control.estimates._sites, **d.control.estimates._groups}
     cache_mb = (sys.getsizeof(cache) + sum(sys.getsizeof(key) for key in cache)) / 2**20
     return {"waiting": d.n, "fill_s": d.fill_s, "bytes_per_subtask": d.bytes_waiting / d.n,
             "task_bytes_per_subtask": d.bytes_tasks / d.n, "tick_ms": statistics.median(d.work_ms),

@@ -45,46 +45,62 @@ Splitter = Callable[[str], list[dict[str, Any]]]
 
 
 class EstimateCache:
-    """Run-control estimates for one tick, read from the compact estimate hashes (one per site and one per
-    (product, site), a field per node), so a tick reads every node's figures for a site in one command.
+    """Run-control estimates for one tick, read from the estimate hashes (one per site and one per (product,
+    site), a field per node), so a tick reads every node's figures for a site in one command.
 
-    A cache lives for one tick only: what it holds is bounded by the work of that tick, and the next tick sees
-    the runs that finished meanwhile.
+    Each hash is parsed once into :class:`Estimate` objects per node; allocation asks for (site, node) pairs
+    hundreds of thousands of times a tick at scale, so a lookup is two dict reads. A cache lives for one tick:
+    what it holds is bounded by that tick's work, and the next tick sees the runs that finished meanwhile.
     """
 
     def __init__(self, store: Store) -> None:
         self.store = store
-        self._hashes: dict[str, dict[str, dict[str, Any]]] = {}
+        self._sites: dict[str, dict[str, tuple[Estimate | None, Estimate | None]]] = {}  # site -> node -> (c, spp)
+        self._groups: dict[tuple[str, str], dict[str, Estimate | None]] = {}  # (group, site) -> node -> spp
 
     def prefetch(self, sites: Iterable[str], group_sites: Iterable[tuple[str, str]]) -> None:
         """Load the estimate hashes of these sites and (product, site) pairs not loaded yet, in one round trip."""
         keys = self.store.keys
-        wanted = {keys.est_site(s) for s in sites} | {keys.est_group_site(g, s) for g, s in group_sites}
-        missing = [key for key in wanted if key not in self._hashes]
-        if not missing:
+        sites = [s for s in set(sites) if s not in self._sites]
+        groups = [g for g in set(group_sites) if g not in self._groups]
+        if not sites and not groups:
             return
         with self.store.redis.pipeline(transaction=False) as pipe:
-            for key in missing:
-                pipe.hgetall(key)
-            for key, fields in zip(missing, pipe.execute(), strict=True):
-                self._hashes[key] = {node: json.loads(raw) for node, raw in fields.items()}
-
-    def _field(self, key: str, node: str, name: str) -> Estimate | None:
-        if key not in self._hashes:
-            self._hashes[key] = {n: json.loads(v) for n, v in self.store.redis.hgetall(key).items()}
-        entry = self._hashes[key].get(node)
-        if not entry or entry.get(name) is None:
-            return None
-        return Estimate(float(entry[name]), int(entry.get("runs") or 0), float(entry.get("last") or 0))
+            for site in sites:
+                pipe.hgetall(keys.est_site(site))
+            for group, site in groups:
+                pipe.hgetall(keys.est_group_site(group, site))
+            rows = pipe.execute()
+        for site, fields in zip(sites, rows, strict=False):
+            self._sites[site] = {node: (_estimate(e, "c"), _estimate(e, "spp"))
+                                 for node, e in _parse(fields).items()}
+        for gs, fields in zip(groups, rows[len(sites):], strict=True):
+            self._groups[gs] = {node: _estimate(e, "spp") for node, e in _parse(fields).items()}
 
     # --- the Estimates protocol ----------------------------------------------------------------------------
     def completion(self, site: str, node: str) -> Estimate | None:
-        return self._field(self.store.keys.est_site(site), node, "c")
+        if site not in self._sites:
+            self.prefetch([site], [])
+        entry = self._sites[site].get(node)
+        return entry[0] if entry else None
 
     def seconds_per_page(self, group: str, site: str, node: str) -> Estimate | None:
-        keys = self.store.keys
-        return (self._field(keys.est_group_site(group, site), node, "spp")
-                or self._field(keys.est_site(site), node, "spp"))
+        if (group, site) not in self._groups or site not in self._sites:
+            self.prefetch([site], [(group, site)])
+        spp = self._groups[(group, site)].get(node)
+        if spp is not None:
+            return spp
+        entry = self._sites[site].get(node)
+        return entry[1] if entry else None
+
+
+def _parse(fields: dict[str, str]) -> dict[str, dict[str, Any]]:
+    return {node: json.loads(raw) for node, raw in fields.items()}
+
+
+def _estimate(entry: dict[str, Any], name: str) -> Estimate | None:
+    value = entry.get(name)
+    return None if value is None else Estimate(float(value), int(entry.get("runs") or 0), float(entry.get("last") or 0))
 
 
 @dataclass

@@ -22,6 +22,10 @@ def _num(value: Any, kind: type = float) -> Any:
         return None
 
 
+def _estimate(raw: str | None) -> dict[str, Any]:
+    return json.loads(raw) if raw else {}
+
+
 def collect_status(store: Store, recall_threshold: float = 60.0) -> dict[str, Any]:
     """Everything ``scrapy status`` shows, as plain JSON-ready data. Cost: O(nodes x sites + products)."""
     r, k = store.redis, store.keys
@@ -46,9 +50,12 @@ def collect_status(store: Store, recall_threshold: float = 60.0) -> dict[str, An
             pipe.zscore(k.node_seen, n)
             pipe.hgetall(k.node_counters(n))
         for p in pairs:
-            pipe.hgetall(k.agg_site_node(*p.rsplit("|", 1)))
+            site, node = p.rsplit("|", 1)
+            pipe.hgetall(k.agg_site_node(site, node))
+            pipe.hget(k.est_site(site), node)
         for t in triples:
-            pipe.hget(k.agg_group_site_node(*t.rsplit("|", 2)), "spp")
+            group, site, node = t.rsplit("|", 2)
+            pipe.hget(k.est_group_site(group, site), node)
         rows = pipe.execute()
     virtual, sleeping, failed, waiting, leased, dead, leader, counters, progress = rows[:9]
     pos = 9
@@ -67,18 +74,18 @@ def collect_status(store: Store, recall_threshold: float = 60.0) -> dict[str, An
     completion: dict[str, dict[str, Any]] = defaultdict(dict)
     for p in pairs:
         site, node = p.rsplit("|", 1)
-        h = rows[pos]
-        pos += 1
+        h, est = rows[pos], _estimate(rows[pos + 1])
+        pos += 2
         offered, collected = int(h.get("offered", 0)), int(h.get("collected", 0))
         completion[site][node] = {
-            "completion": _num(h.get("completion")), "ratio": collected / offered if offered else None,
+            "completion": _num(est.get("c")), "ratio": collected / offered if offered else None,
             "runs": int(h.get("runs", 0)), "failures": int(h.get("failures", 0)), "offered": offered,
             "collected": collected, "pages": int(h.get("pages", 0)),
-            "seconds_per_page": _num(h.get("spp"))}
+            "seconds_per_page": _num(est.get("spp"))}
     spp: dict[str, dict[str, dict[str, float | None]]] = defaultdict(lambda: defaultdict(dict))
     for t in triples:
         group, site, node = t.rsplit("|", 2)
-        spp[group][site][node] = _num(rows[pos])
+        spp[group][site][node] = _num(_estimate(rows[pos]).get("spp"))
         pos += 1
     products: dict[str, dict[str, int]] = defaultdict(dict)
     for field, value in progress.items():

@@ -95,13 +95,7 @@ redis.call('LPUSH', KEYS[4], ARGV[3])
 local alpha = tonumber(ARGV[5])
 local offered, collected = tonumber(ARGV[7]), tonumber(ARGV[8])
 local pages, seconds, ok = tonumber(ARGV[9]), tonumber(ARGV[10]), ARGV[11] == '1'
-local function ewma(key, field, x)
-  local old = tonumber(redis.call('HGET', key, field))
-  local new = x
-  if old then new = old + alpha * (x - old) end
-  redis.call('HSET', key, field, string.format('%.6f', new))
-end
-for k = 6, 7 do
+for k = 6, 7 do  -- counters per (site, node) and per (product, site, node), for status and experiments
   local key = KEYS[k]
   redis.call('HINCRBY', key, 'runs', 1)
   redis.call('HINCRBY', key, 'offered', offered)
@@ -110,17 +104,23 @@ for k = 6, 7 do
   redis.call('HINCRBYFLOAT', key, 'seconds', seconds)
   redis.call('HSET', key, 'last_run', string.format('%.3f', now))
   if not ok then redis.call('HINCRBY', key, 'failures', 1) end
-  if offered > 0 then ewma(key, 'completion', collected / offered)
-  elseif not ok then ewma(key, 'completion', 0) end
-  if ok and pages > 0 then ewma(key, 'spp', seconds / pages) end
 end
--- Compact copies of the estimates, one hash per site and per (product, site) with a field per node, so that
--- the control reads every node's figures for a site in one command.
-local function num(key, field) return tonumber(redis.call('HGET', key, field)) end
-redis.call('HSET', KEYS[12], ARGV[13], cjson.encode({c = num(KEYS[6], 'completion'), spp = num(KEYS[6], 'spp'),
-  runs = num(KEYS[6], 'runs'), last = now}))
-redis.call('HSET', KEYS[13], ARGV[13], cjson.encode({spp = num(KEYS[7], 'spp'), runs = num(KEYS[7], 'runs'),
-  last = now}))
+-- The moving estimates (recent runs weigh more): one hash per site and one per (product, site), a field per
+-- node, so that the control reads every node's figures for a site in one command.
+local function ewma(old, x) if old then return old + alpha * (x - old) end return x end
+local function estimate(key, with_completion)
+  local raw = redis.call('HGET', key, ARGV[13])
+  local e = raw and cjson.decode(raw) or {}
+  e.runs = (e.runs or 0) + 1
+  e.last = now
+  if with_completion then
+    if offered > 0 then e.c = ewma(e.c, collected / offered) elseif not ok then e.c = ewma(e.c, 0) end
+  end
+  if ok and pages > 0 then e.spp = ewma(e.spp, seconds / pages) end
+  redis.call('HSET', key, ARGV[13], cjson.encode(e))
+end
+estimate(KEYS[12], true)
+estimate(KEYS[13], false)
 redis.call('SADD', KEYS[8], ARGV[6])
 redis.call('SADD', KEYS[11], ARGV[12] .. '|' .. ARGV[6])
 redis.call('HINCRBY', KEYS[10], ARGV[12] .. '|collected', collected)

@@ -55,7 +55,8 @@ def test_subtask_pushed_by_hand_is_crawled_stored_and_reported(cluster: LocalClu
     runs = cluster.redis.xrange(cluster.store.keys.runs)
     assert len(runs) == 1 and json.loads(runs[0][1]["report"])["subtask"]["id"] == "s1"
     agg = cluster.redis.hgetall(cluster.store.keys.agg_site_node("good.example", "node1"))
-    assert agg["runs"] == "1" and agg["collected"] == "30" and float(agg["completion"]) == 1.0
+    assert agg["runs"] == "1" and agg["collected"] == "30"
+    assert json.loads(cluster.redis.hget(cluster.store.keys.est_site("good.example"), "node1"))["c"] == 1.0
     assert not cluster.redis.zcard(cluster.store.keys.leases)
     node_stats = cluster.redis.hgetall(cluster.store.keys.stats("node", "node1"))
     assert node_stats["item_scraped_count"] == "30"

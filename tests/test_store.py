@@ -205,10 +205,14 @@ def test_finish_records_the_run_and_the_report(store: Store) -> None:
         h = store.redis.hgetall(key)
         assert (h["runs"], h["offered"], h["collected"], h["pages"]) == ("1", "10", "8", "2")
         assert float(h["seconds"]) == pytest.approx(4.0)
-        assert float(h["completion"]) == pytest.approx(0.8)  # the first value is the observation itself
-        assert float(h["spp"]) == pytest.approx(2.0)
         assert float(h["last_run"]) == pytest.approx(store.now(), abs=5)
         assert "failures" not in h
+    site_est = json.loads(store.redis.hget(k.est_site("a.com"), "n1"))
+    assert site_est["c"] == pytest.approx(0.8)  # the first value is the observation itself
+    assert site_est["spp"] == pytest.approx(2.0) and site_est["runs"] == 1
+    assert site_est["last"] == pytest.approx(store.now(), abs=5)
+    group_est = json.loads(store.redis.hget(k.est_group_site("milk", "a.com"), "n1"))
+    assert group_est["spp"] == pytest.approx(2.0) and group_est["runs"] == 1 and "c" not in group_est
     assert store.redis.smembers(k.agg_index) == {"a.com|n1"}
     assert store.redis.smembers(k.agg_triples) == {"milk|a.com|n1"}
     assert store.redis.hgetall(k.progress) == {"milk|collected": "8", "milk|pages": "2"}
@@ -219,15 +223,17 @@ def test_finish_moves_estimates_by_alpha(store: Store) -> None:
     _run(store, "s1", offered=10, collected=8, pages=2, seconds=4.0, ok=True)
     _run(store, "s2", offered=10, collected=2, pages=2, seconds=8.0, ok=True)
     h = store.redis.hgetall(k.agg_site_node("a.com", "n1"))
-    assert float(h["completion"]) == pytest.approx(0.8 + 0.3 * (0.2 - 0.8))
-    assert float(h["spp"]) == pytest.approx(2.0 + 0.3 * (4.0 - 2.0))
+    est = json.loads(store.redis.hget(k.est_site("a.com"), "n1"))
+    assert est["c"] == pytest.approx(0.8 + 0.3 * (0.2 - 0.8))
+    assert est["spp"] == pytest.approx(2.0 + 0.3 * (4.0 - 2.0))
     assert (h["runs"], h["offered"], h["collected"], h["pages"]) == ("2", "20", "10", "4")
     # A failure: completion moves toward what it collected, seconds per page is not touched.
     failed = _run(store, "s3", offered=0, collected=0, pages=1, seconds=3.0, ok=False)
     h = store.redis.hgetall(k.agg_site_node("a.com", "n1"))
-    assert float(h["completion"]) == pytest.approx(0.62 + 0.3 * (0.0 - 0.62))
-    assert float(h["spp"]) == pytest.approx(2.6)
-    assert h["failures"] == "1" and h["runs"] == "3"
+    est = json.loads(store.redis.hget(k.est_site("a.com"), "n1"))
+    assert est["c"] == pytest.approx(0.62 + 0.3 * (0.0 - 0.62))
+    assert est["spp"] == pytest.approx(2.6)
+    assert h["failures"] == "1" and h["runs"] == "3" and est["runs"] == 3
     assert store.redis.lrange(k.failed, 0, -1) == [failed]
     assert store.redis.llen(k.sleeping) == 2
     assert store.redis.xlen(k.runs) == 3
