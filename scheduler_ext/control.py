@@ -171,12 +171,7 @@ class Control:
     def resign(self) -> None:
         """Give up the leader lease at once (on a clean stop), so a standby need not wait for it to lapse."""
         if self.is_leader:
-            with self.store.redis.pipeline(transaction=True) as pipe:
-                pipe.watch(self.keys.leader)
-                if pipe.get(self.keys.leader) == self.control_id:
-                    pipe.multi()
-                    pipe.delete(self.keys.leader)
-                    pipe.execute()
+            self.store.resign(self.control_id)
             self.is_leader = False
 
     # --- helpers -----------------------------------------------------------------------------------------------

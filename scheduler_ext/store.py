@@ -217,9 +217,14 @@ end
 return 1
 """
 
-# leader: take or renew the control leader lease. KEYS: leader; ARGV: control id, ttl (ms). Returns 1 if leader.
+# leader: take or renew the control leader lease (ttl 0: give it up if ours). KEYS: leader; ARGV: control id,
+# ttl (ms). Returns 1 if leader.
 _LEADER = """
 local cur = redis.call('GET', KEYS[1])
+if ARGV[2] == '0' then  -- resign: give the lease up if it is ours
+  if cur == ARGV[1] then redis.call('DEL', KEYS[1]) end
+  return 0
+end
 if cur == ARGV[1] or not cur then
   redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2]); return 1
 end
@@ -317,4 +322,8 @@ class Store:
 
     def lead(self, control_id: str, ttl: float) -> bool:
         """Take or keep the control leader lease."""
-        return bool(self._leader(keys=[self.keys.leader], args=[control_id, int(ttl * 1000)]))
+        return bool(self._leader(keys=[self.keys.leader], args=[control_id, max(1, int(ttl * 1000))]))
+
+    def resign(self, control_id: str) -> None:
+        """Give up the control leader lease if this control holds it."""
+        self._leader(keys=[self.keys.leader], args=[control_id, 0])

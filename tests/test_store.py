@@ -585,3 +585,11 @@ def test_lead_expires(store: Store) -> None:
 def test_now_is_redis_time(store: Store) -> None:
     sec, usec = store.redis.time()
     assert store.now() == pytest.approx(sec + usec / 1e6, abs=1.0)
+
+
+def test_resign_gives_up_only_our_own_leader_lease(store: Store) -> None:
+    assert store.lead("c1", 30)
+    store.resign("c2")  # not the holder: nothing changes
+    assert store.redis.get(store.keys.leader) == "c1" and not store.lead("c2", 30)
+    store.resign("c1")
+    assert store.redis.get(store.keys.leader) is None and store.lead("c2", 30)
