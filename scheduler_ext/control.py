@@ -191,11 +191,14 @@ class Control:
         last = int(self.store.redis.incrby(self.keys.seq, n))
         return [str(i) for i in range(last - n + 1, last + 1)]
 
+    def _dead_entry(self, dead_id: str, **entry: Any) -> list[Any]:
+        """The write that puts one entry (docs/redis-keys.md, dead-letter entries) on the dead-letter list."""
+        entry = {"v": 1, "id": dead_id, "at": self.now, **entry}
+        return ["hset", self.keys.dead, dead_id, json.dumps(entry, ensure_ascii=False)]
+
     def _dead_letter(self, src_guard: list[Any], dead_id: str, entry: dict[str, Any],
                      extra: list[list[Any]] | None = None) -> bool:
-        entry = {"v": 1, "id": dead_id, "at": self.now, **entry}
-        writes = [["hset", self.keys.dead, dead_id, json.dumps(entry, ensure_ascii=False)], *(extra or [])]
-        return bool(self.store.commit([src_guard], writes))
+        return bool(self.store.commit([src_guard], [self._dead_entry(dead_id, **entry), *(extra or [])]))
 
     def _new_subtask_writes(self, st: Subtask) -> list[list[Any]]:
         return [["hset", self.keys.subtasks, st.id, st.to_json()], ["zadd", self.keys.waiting, st.priority, st.id]]
@@ -303,9 +306,8 @@ class Control:
         writes: list[list[Any]] = []
         who = node or "?"
         if decision is RecallDecision.DEAD:
-            entry = {"v": 1, "id": st.id, "kind": "subtask", "reason": reason, "attempts": st.attempt + 1,
-                     "last_node": node, "subtask": json.loads(st.to_json()), "at": self.now}
-            writes += [["hset", k.dead, st.id, json.dumps(entry, ensure_ascii=False)],
+            writes += [self._dead_entry(st.id, kind="subtask", reason=reason, attempts=st.attempt + 1,
+                                        last_node=node, subtask=json.loads(st.to_json())),
                        ["hdel", k.subtasks, st.id], ["hincrby", k.node_counters(who), "dead", 1],
                        ["hincrby", k.node_counters(who), "recalled", 1]]
         else:
