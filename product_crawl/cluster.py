@@ -57,9 +57,7 @@ class LocalCluster:
     # --- state --------------------------------------------------------------------------------------------------
     def reset(self) -> None:
         """Delete this cluster's Redis keys (its prefix only) and drop its MongoDB database."""
-        keys = list(self.redis.scan_iter(match=f"{self.prefix}:*", count=1000))
-        for i in range(0, len(keys), 1000):
-            self.redis.delete(*keys[i:i + 1000])
+        self.store.purge()
         self.mongo.drop_database(self.mongo_db)
 
     def inject(self, tasks: list[dict[str, Any] | str]) -> int:

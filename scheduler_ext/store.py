@@ -303,6 +303,14 @@ class Store:
         return int(self._release(keys=[k.leases, k.lease_info, k.subtasks, k.waiting, k.crawl(node), k.queued],
                                  args=args))
 
+    def purge(self) -> int:
+        """Delete every key of this deployment's prefix; how many. For the demo, experiments and tests, which own
+        their prefix: nodes and controls never call it (shared state is never flushed)."""
+        keys = list(self.redis.scan_iter(match=f"{self.keys.prefix}:*", count=1000))
+        for i in range(0, len(keys), 1000):
+            self.redis.delete(*keys[i:i + 1000])
+        return len(keys)
+
     def deregister(self, node: str) -> None:
         with self.redis.pipeline(transaction=True) as pipe:
             pipe.hdel(self.keys.nodes, node)

@@ -20,6 +20,8 @@ import pytest
 import redis as redis_lib
 
 from product_crawl import services
+from scheduler_ext.keys import Keys
+from scheduler_ext.store import Store
 
 PROJECT = Path(__file__).resolve().parent.parent
 
@@ -45,12 +47,6 @@ def mongo_uri(services_dir: Path) -> Iterator[str]:
     services.stop_pid(proc.pid)
 
 
-def _delete_prefix(client: redis_lib.Redis, prefix: str) -> None:
-    keys = list(client.scan_iter(match=f"{prefix}:*", count=1000))
-    if keys:
-        client.delete(*keys)
-
-
 @pytest.fixture
 def redis(redis_url: str) -> Iterator[redis_lib.Redis]:
     client = redis_lib.Redis.from_url(redis_url, decode_responses=True)
@@ -62,9 +58,10 @@ def redis(redis_url: str) -> Iterator[redis_lib.Redis]:
 def prefix(redis: redis_lib.Redis) -> Iterator[str]:
     """A key prefix of this test's own (a hash tag, like the production default), empty before and after."""
     value = "{t" + uuid.uuid4().hex[:10] + "}"
-    _delete_prefix(redis, value)
+    store = Store(redis, Keys(value))
+    store.purge()
     yield value
-    _delete_prefix(redis, value)
+    store.purge()
 
 
 @pytest.fixture

@@ -593,3 +593,16 @@ def test_resign_gives_up_only_our_own_leader_lease(store: Store) -> None:
     assert store.redis.get(store.keys.leader) == "c1" and not store.lead("c2", 30)
     store.resign("c1")
     assert store.redis.get(store.keys.leader) is None and store.lead("c2", 30)
+
+
+def test_purge_deletes_this_prefix_only(store: Store) -> None:
+    other = Store(store.redis, Keys(store.keys.prefix + "x"))
+    store.redis.lpush(store.keys.virtual, "a")
+    store.redis.zadd(store.keys.waiting, {"1": 1})
+    other.redis.lpush(other.keys.virtual, "b")
+    try:
+        assert store.purge() == 2
+        assert not store.redis.exists(store.keys.virtual, store.keys.waiting)
+        assert other.redis.lrange(other.keys.virtual, 0, -1) == ["b"]
+    finally:
+        other.purge()
