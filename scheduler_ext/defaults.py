@@ -55,6 +55,9 @@ DEFAULTS: dict[str, Any] = {
     # --- run records and stats ------------------------------------------------------------------------------
     "SCHEDEXT_RUNS_MAXLEN": 100_000,  # approximate length of the run-record stream
     "SCHEDEXT_STATS_FLUSH_INTERVAL": 5.0,  # seconds between flushes of per-site / per-node counters
+    "SCHEDEXT_HISTORY_INTERVAL": 5.0,  # seconds between status samples in the history list (dashboards)
+    "SCHEDEXT_HISTORY_MAXLEN": 2880,  # status samples kept (4 hours at 5 s)
+    "SCHEDEXT_AUDIT_MAXLEN": 10_000,  # audit records of manual actions (dead-letter requeue / drop) kept
 }
 
 

@@ -139,6 +139,22 @@ class Keys:
         """Hash "<group>|<field>" -> count: per-product progress (tasks, done, collected, pages)."""
         return self._k("progress")
 
+    # --- history and audit (read by dashboards) -------------------------------------------------------------
+    @property
+    def history(self) -> str:
+        """Capped list of status samples (JSON, oldest first), RPUSH + LTRIM by :mod:`scheduler_ext.history`."""
+        return self._k("history")
+
+    @property
+    def history_slot(self) -> str:
+        """String with a TTL of one sampling interval: whoever sets it (NX) takes the next history sample."""
+        return self._k("history:slot")
+
+    @property
+    def audit(self) -> str:
+        """Capped list of audit records (JSON, newest first) of manual actions: dead-letter requeue and drop."""
+        return self._k("audit")
+
     def stats(self, scope: str, name: str) -> str:
         """Hash of Scrapy stats flushed by nodes: scope is "node" or "site"."""
         return self._k(f"stats:{scope}:{name}")

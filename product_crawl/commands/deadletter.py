@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import getpass
 import json
+import socket
 
 from scrapy.commands import ScrapyCommand
 from scrapy.exceptions import UsageError
@@ -37,14 +39,15 @@ class Command(ScrapyCommand):
         if store is None:
             self.exitcode = 1
             return
+        actor = f"cli:{getpass.getuser()}@{socket.gethostname()}"  # for the audit record
         try:
             if args[0] == "list":
                 self._list(store, opts.json)
             elif args[0] == "requeue":
-                where = deadletter.requeue(store, args[1])
+                where = deadletter.requeue(store, args[1], actor)
                 write_line(f"requeued {args[1]} into {store.keys.prefix}:{where}")
             else:
-                deadletter.drop(store, args[1])
+                deadletter.drop(store, args[1], actor)
                 write_line(f"dropped {args[1]}")
         except InvalidInput as exc:
             write_error(str(exc))

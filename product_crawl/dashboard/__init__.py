@@ -1,0 +1,1 @@
+"""The live web dashboard: ``scrapy dashboard`` (docs/dashboard.md)."""
