@@ -10,10 +10,14 @@ from __future__ import annotations
 import itertools
 import json
 import time
+from pathlib import Path
 from typing import Any
 
+from product_crawl.dashboard.server import DashboardProcess
 from scheduler_ext.models import Report, Subtask
 from scheduler_ext.store import Store
+
+PROJECT = Path(__file__).resolve().parent.parent
 
 PRODUCT = "光明高钙牛奶"
 RUNS = [("node1", "a.example", 50, 45, 5, 2.5, True), ("node2", "a.example", 50, 10, 5, 10.0, True),
@@ -53,6 +57,10 @@ def seed(store: Store, collection: Any = None) -> dict[str, Any]:
     for args in RUNS:
         run(store, *args)
     store.redis.hset(k.progress, mapping={f"{PRODUCT}|tasks": 3, f"{PRODUCT}|done": 1})
+    store.redis.hset(k.tasks, "t100", json.dumps({
+        "v": 1, "id": "t100", "site": "a.example", "group": PRODUCT, "type": 0, "priority": 100.0,
+        "payload": {"engine": "baidu"}, "next_page": 10, "total_pages": 12, "reported": 120, "subtasks": 2,
+        "collected": 55, "done": False, "last_node": "node1", "page_limit": 8, "time_limit": 12.5}))
     dead = subtask("b.example", attempt=5, node="node1")
     store.redis.hset(k.dead, dead.id, json.dumps({
         "v": 1, "id": dead.id, "kind": "subtask", "reason": "recalled 5 times: blocked: 403", "attempts": 5,
@@ -68,3 +76,18 @@ def seed(store: Store, collection: Any = None) -> dict[str, Any]:
             "date": None, "rank": i + 1, "page": 0, "task_id": "t1", "subtask_id": "s1", "node_id": "node1",
             "crawled_at": now + i, "fingerprint": f"f{i}"} for i, site in enumerate(["a.example"] * 6 + ["b.example"] * 2)])
     return {"subtask": dead.id, "report": "r1"}
+
+
+# --- a dashboard subprocess on the session's services ------------------------------------------------------------
+TOKEN = "op-token-for-tests-0123456789"
+
+
+def start_dashboard(env: dict[str, str], prefix: str, mongo_db: str, log: Path, **settings: str) -> DashboardProcess:
+    """``scrapy dashboard --port 0`` for this test's prefix and database; started (its URL in ``.url``)."""
+    args = ["--port", "0", "-s", f"SCHEDEXT_PREFIX={prefix}", "-s", f"MONGO_DATABASE={mongo_db}",
+            "-s", "SCHEDEXT_HISTORY_INTERVAL=0.5", "-s", "PC_DASHBOARD_REFRESH=0.5"]
+    for name, value in settings.items():
+        args += ["-s", f"{name}={value}"]
+    proc = DashboardProcess(args, cwd=PROJECT, env=env, log=log)
+    proc.start()
+    return proc

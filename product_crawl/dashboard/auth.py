@@ -60,7 +60,8 @@ class Auth:
             _check_secret("PC_DASHBOARD_TOKEN", token)
         if user and password:
             if user.lower() in WEAK and password.lower() in WEAK:
-                raise CredentialsError("PC_DASHBOARD_USER / PC_DASHBOARD_PASSWORD: default credentials refused")
+                raise CredentialsError("PC_DASHBOARD_USER / PC_DASHBOARD_PASSWORD: default credentials such as "
+                                      "admin/admin are refused")
             _check_secret("PC_DASHBOARD_PASSWORD", password, user)
         return cls(token, user, password)
 

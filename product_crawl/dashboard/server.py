@@ -410,6 +410,7 @@ class DashboardProcess:
                  timeout: float = 30.0) -> None:
         self.args, self.cwd, self.env, self.log, self.timeout = args, cwd, env, log, timeout
         self.proc: subprocess.Popen[bytes] | None = None
+        self.url: str | None = None
 
     def start(self) -> str:
         stderr: Any = open(self.log, "ab") if self.log else subprocess.DEVNULL  # noqa: SIM115 (owned by Popen)
@@ -424,7 +425,8 @@ class DashboardProcess:
             if ready:
                 line = self.proc.stdout.readline().decode("utf-8", "replace").strip()
                 if line.startswith(LISTENING_PREFIX):
-                    return line[len(LISTENING_PREFIX):]
+                    self.url = line[len(LISTENING_PREFIX):]
+                    return self.url
                 if not line and self.proc.poll() is not None:
                     break
             elif self.proc.poll() is not None:
