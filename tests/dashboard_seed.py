@@ -74,7 +74,8 @@ def seed(store: Store, collection: Any = None) -> dict[str, Any]:
             "engine": "baidu", "title": f"{PRODUCT} 质量问题 {i}" if i % 2 else f"{PRODUCT} 评测 {i}",
             "url": f"http://{site}/item/{i}", "snippet": "=HYPERLINK(\"x\")" if i == 0 else f"snippet {i}",
             "date": None, "rank": i + 1, "page": 0, "task_id": "t1", "subtask_id": "s1", "node_id": "node1",
-            "crawled_at": now + i, "fingerprint": f"f{i}"} for i, site in enumerate(["a.example"] * 6 + ["b.example"] * 2)])
+            "crawled_at": now + i, "fingerprint": f"f{i}"}
+            for i, site in enumerate(["a.example"] * 6 + ["b.example"] * 2)])
     return {"subtask": dead.id, "report": "r1"}
 
 

@@ -18,9 +18,9 @@ from typing import Any
 import pymongo
 import pytest
 import redis as redis_lib
+from conftest import run_scrapy
 from dashboard_seed import PRODUCT, TOKEN, seed, start_dashboard
 
-from conftest import run_scrapy
 from product_crawl.dashboard.auth import Auth, CredentialsError, Refused
 from product_crawl.dashboard.data import EXPORT_BATCH
 from scheduler_ext.history import History

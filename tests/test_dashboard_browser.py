@@ -112,7 +112,8 @@ def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Browser]:
 
 
 @pytest.fixture
-def seeded(redis: redis_lib.Redis, prefix: str, mongo_uri: str, mongo_db: str) -> Iterator[tuple[Store, dict[str, str]]]:
+def seeded(redis: redis_lib.Redis, prefix: str, mongo_uri: str,
+           mongo_db: str) -> Iterator[tuple[Store, dict[str, str]]]:
     store = Store(redis, Keys(prefix))
     client: pymongo.MongoClient = pymongo.MongoClient(mongo_uri, serverSelectionTimeoutMS=5000)
     yield store, seed(store, client[mongo_db]["items"])

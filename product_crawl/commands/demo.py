@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -20,9 +21,10 @@ from typing import Any
 
 from scrapy.commands import ScrapyCommand
 
-from product_crawl.cluster import LocalCluster, paper_nodes
+from product_crawl.cluster import PROJECT_DIR, LocalCluster, paper_nodes
 from product_crawl.commands._base import write_error, write_line
 from product_crawl.commands.status import render, table
+from product_crawl.dashboard.server import DashboardProcess
 from product_crawl.services import DEFAULT_MONGO_URI, ServiceError, Services
 
 PRODUCTS: list[dict[str, Any]] = [{"name": "光明高钙牛奶"}, {"name": "特仑苏", "brand": "蒙牛"}, {"name": "蒙牛早餐奶"},
@@ -57,6 +59,8 @@ class Command(ScrapyCommand):
         super().add_options(parser)
         parser.add_argument("--duration", type=float, default=100.0, help="seconds of crawling (default 100)")
         parser.add_argument("--out", default="var/demo", help="folder for summary.json and logs (default var/demo)")
+        parser.add_argument("--dashboard-port", type=int, default=6802,
+                            help="port of the live dashboard on 127.0.0.1 (default 6802; 0 picks a free one)")
 
     def run(self, args: list[str], opts: argparse.Namespace) -> None:
         assert self.settings is not None
@@ -76,17 +80,35 @@ class Command(ScrapyCommand):
             write_line(f"{s.name:8} {s.url}  ({s.detail})")
         out = Path(opts.out)
         try:
-            self._run(services, out, opts.duration)
+            self._run(services, out, opts.duration, opts.dashboard_port)
         finally:
             if started_here:
                 write_line("stopping the services the demo started: " + ", ".join(services.stop()))
 
-    def _run(self, services: Services, out: Path, duration: float) -> None:
+    def _start_dashboard(self, cluster: LocalCluster, out: Path, port: int) -> None:
+        """``scrapy dashboard`` on the demo's prefix and database, stopped with the cluster's processes."""
+        env = dict(os.environ, REDIS_URL=cluster.redis_url, MONGO_URI=cluster.mongo_uri, PYTHONUNBUFFERED="1")
+        args = ["--port", str(port), "-s", "SCHEDEXT_HISTORY_INTERVAL=2"]
+        for name in ("SCHEDEXT_PREFIX", "MONGO_DATABASE", "SCHEDEXT_RECALL_THRESHOLD"):
+            args += ["-s", f"{name}={cluster.settings[name]}"]
+        (out / "logs").mkdir(parents=True, exist_ok=True)
+        dashboard = DashboardProcess(args, cwd=PROJECT_DIR, env=env, log=out / "logs" / "dashboard.log")
+        try:
+            url = dashboard.start()
+        except RuntimeError as exc:
+            write_error(f"{exc} (try --dashboard-port 0); the demo goes on without it")
+            return
+        assert dashboard.proc is not None
+        cluster.procs["dashboard"] = dashboard.proc
+        write_line(f"dashboard {url}  (live: open it in a browser)")
+
+    def _run(self, services: Services, out: Path, duration: float, dashboard_port: int) -> None:
         cluster = LocalCluster(redis_url=services.redis_url, mongo_uri=services.mongo_uri or DEFAULT_MONGO_URI,
                                mongo_db="product_crawl_demo", prefix="{demo}", log_dir=out / "logs",
                                settings=dict(DEMO_SETTINGS))
         with cluster:
             cluster.reset()
+            self._start_dashboard(cluster, out, dashboard_port)
             url = cluster.start_simweb("paper", seed=0)
             write_line(f"simweb   {url}  (profile paper)")
             for node in paper_nodes(4):

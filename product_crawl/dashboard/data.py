@@ -32,6 +32,7 @@ CSV_FIELDS = [f.name for f in fields(SearchResultItem)] + ["fingerprint", "last_
 ITEM_FIELDS = ("product", "site", "engine", "title", "url", "snippet", "date", "rank", "page", "node_id",
                "crawled_at", "last_crawled_at")
 RUNS_SCANNED = 1000  # newest run records looked at for one product's recent runs
+RUNS_SHOWN = 30  # recent runs of one product shown
 
 
 class DataUnavailable(RuntimeError):
@@ -122,7 +123,7 @@ class DashboardData:
             run = _run(entry_id, entry.get("report"))
             if run is not None and run["group"] == product:
                 runs.append(run)
-                if len(runs) >= 100:
+                if len(runs) >= RUNS_SHOWN:
                     break
         out["runs"] = runs
         return out

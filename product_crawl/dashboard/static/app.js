@@ -357,7 +357,7 @@ async function viewDeadletters(root) {
     }), {id: "deadletters"}));
   root.append(h("h2", {}, "Audit: who did what, and when"));
   root.append(data.audit.length ? table(["at", "who", "action", "entry", "kind", "into"],
-    data.audit.map((a) => h("tr", {}, h("td", {}, new Date(a.at * 1000).toLocaleString()), h("td", {}, a.actor),
+    data.audit.map((a) => h("tr", {}, h("td", {}, new Date(a.at * 1000).toLocaleString([], {hour12: false})), h("td", {}, a.actor),
       h("td", {}, a.action), h("td", {}, a.id), h("td", {}, a.kind || "–"), h("td", {}, a.to || "–"))), {id: "audit"})
     : empty("No requeue or drop yet (from this page or `scrapy deadletter`)."));
 }
