@@ -18,7 +18,7 @@ from typing import Any
 import pymongo
 import pytest
 import redis as redis_lib
-from dashboard_seed import EXPECTED, PRODUCT, TOKEN, seed, start_dashboard
+from dashboard_seed import EXPECTED, PRODUCT, TOKEN, run, seed, start_dashboard
 
 from scheduler_ext.keys import Keys
 from scheduler_ext.store import Store
@@ -31,10 +31,10 @@ INSTALL_HINT = ("as root: apt-get install -y chromium (Debian's package; `make t
 
 
 def chromium_path() -> str | None:
-    for candidate in (os.environ.get("PC_CHROMIUM"), "/usr/bin/chromium", shutil.which("chromium")):
-        if candidate and os.access(candidate, os.X_OK):
-            return candidate
-    return None
+    """``PC_CHROMIUM`` if set (only it), else Debian's /usr/bin/chromium or a ``chromium`` on PATH."""
+    candidates = [os.environ["PC_CHROMIUM"]] if os.environ.get("PC_CHROMIUM") else ["/usr/bin/chromium",
+                                                                                   shutil.which("chromium")]
+    return next((c for c in candidates if c and os.access(c, os.X_OK)), None)
 
 
 class Browser:
@@ -141,10 +141,14 @@ def open_view(page: Any, url: str, view: str) -> None:
     page.wait_for_selector(f"#view-{view} [data-ready={view}]")
 
 
-def test_matrix_shows_the_completion_of_every_site_and_node(browser: Browser, dashboard: Any, tmp_path: Path) -> None:
+def test_matrix_shows_the_completion_of_every_site_and_node_and_follows_new_runs(
+        browser: Browser, dashboard: Any, seeded: Any, tmp_path: Path) -> None:
+    store, _ = seeded
     url = dashboard()
 
     def check(page: Any) -> None:
+        from playwright.sync_api import expect
+
         open_view(page, url, "matrix")
         for (site, node), value in EXPECTED.items():
             cell = page.locator(f"#matrix td.cell[data-site='{site}'][data-node='{node}']")
@@ -156,6 +160,8 @@ def test_matrix_shows_the_completion_of_every_site_and_node(browser: Browser, da
         detail.wait_for()
         assert "results collected" in detail.inner_text() and "光明高钙牛奶" in detail.inner_text()
         assert "Completion on a.example over time" in detail.inner_text()
+        run(store, "node3", "a.example", 40, 30, 4, 2.0, True)  # a new run: the open page follows, no reload
+        expect(page.locator("#matrix td[data-site='a.example'][data-node='node3'] .c")).to_have_text("0.75")
 
     browser.check(tmp_path / "screenshots", check)
 
@@ -216,6 +222,8 @@ def test_cluster_products_and_items_views(browser: Browser, dashboard: Any, tmp_
     url = dashboard()
 
     def check(page: Any) -> None:
+        from playwright.sync_api import expect
+
         open_view(page, url, "cluster")
         assert page.locator("tr[data-node]").count() == 3 and page.locator("tr[data-node] .pill.ok").count() == 3
         open_view(page, url, "products")
@@ -227,7 +235,7 @@ def test_cluster_products_and_items_views(browser: Browser, dashboard: Any, tmp_
         open_view(page, url, "items")
         page.fill("input[name=q]", "质量")
         page.click("form.filters button[type=submit]")
-        page.wait_for_function("document.querySelectorAll('#items tbody tr').length === 4")
+        expect(page.locator("#items tbody tr")).to_have_count(4)
         hrefs = {a.get_attribute("href") for a in page.locator("#items a").all()}
         assert hrefs == {"http://a.example/item/1", "http://a.example/item/3", "http://a.example/item/5",
                          "http://b.example/item/7"}  # links to the source pages

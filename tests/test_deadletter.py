@@ -152,6 +152,38 @@ def test_drop(store: Store) -> None:
         deadletter.drop(store, "m1")
 
 
+def test_requeue_and_drop_are_audited_with_the_change_and_only_when_applied(store: Store) -> None:
+    k = store.keys
+    _subtask_entry(store, "s1")
+    add(store, "m1", kind="malformed", raw="xx", at=1.0)
+    deadletter.requeue(store, "s1", "cli:alice@host")
+    with pytest.raises(UnknownEntry):
+        deadletter.requeue(store, "s1", "cli:alice@host")  # not applied: not audited
+    with pytest.raises(InvalidInput):
+        deadletter.requeue(store, "m1", "cli:bob@host")
+    deadletter.drop(store, "m1", "cli:bob@host")
+    audit = deadletter.list_audit(store)
+    assert [(a["action"], a["id"], a["actor"], a["to"]) for a in audit] == [
+        ("drop", "m1", "cli:bob@host", None), ("requeue", "s1", "cli:alice@host", "waiting")]  # newest first
+    assert audit[1]["entry"]["subtask"]["id"] == "s1" and audit[1]["at"] > 0
+    for i in range(4):
+        add(store, f"x{i}", kind="report", raw="?", at=1.0)
+        deadletter.drop(store, f"x{i}", maxlen=3)
+    assert [a["id"] for a in deadletter.list_audit(store)] == ["x3", "x2", "x1"]  # capped, newest kept
+    assert store.redis.llen(k.audit) == 3
+
+
+def test_an_unreadable_entry_is_listed_and_can_be_dropped(store: Store) -> None:
+    store.redis.hset(store.keys.dead, "bad", "not json")
+    _subtask_entry(store, "s1")
+    entries = deadletter.list_entries(store)
+    assert [(e["id"], e["kind"]) for e in entries] == [("bad", "unreadable"), ("s1", "subtask")]
+    with pytest.raises(InvalidInput, match="'bad'"):
+        deadletter.requeue(store, "bad")
+    deadletter.drop(store, "bad")
+    assert store.redis.hkeys(store.keys.dead) == ["s1"]
+
+
 # --- status -------------------------------------------------------------------------------------------------
 
 
