@@ -47,6 +47,7 @@ from zope.interface import implementer
 
 from product_crawl.dashboard.auth import Auth, Refused
 from product_crawl.dashboard.data import EXPORT_FORMATS, DashboardData, DataUnavailable
+from product_crawl.services import stop_pid
 from scheduler_ext.exceptions import InvalidInput
 
 logger = logging.getLogger(__name__)
@@ -437,9 +438,7 @@ class DashboardProcess:
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+            stop_pid(self.proc.pid)
+            self.proc.wait()
+        if self.proc is not None and self.proc.stdout is not None:
+            self.proc.stdout.close()

@@ -70,8 +70,9 @@ function niceStep(span, n) {
   return [1, 2, 5, 10].map((m) => m * p).find((x) => x >= raw) || raw;
 }
 function lineChart(series, {unit, yMax, title}) {
-  const W = 640, H = 200, L = 52, R = 10, T = 18, B = 30;
-  const svg = s("svg", {class: "chart", viewBox: `0 0 ${W} ${H}`, preserveAspectRatio: "none", role: "img"});
+  // Scaled uniformly (text keeps its shape): as wide as a phone's screen, at most 640 units.
+  const W = Math.max(300, Math.min(640, window.innerWidth - 60)), H = 200, L = 52, R = 10, T = 18, B = 30;
+  const svg = s("svg", {class: "chart", viewBox: `0 0 ${W} ${H}`, role: "img"});
   const pts = series.flatMap((x) => x.points);
   if (!pts.length) return empty("No history yet: samples are taken every few seconds while the dashboard runs.");
   const t0 = Math.min(...pts.map((p) => p[0])), t1 = Math.max(...pts.map((p) => p[0]), t0 + 1);
@@ -168,7 +169,8 @@ async function tick() {
   if (S.busy) return;
   S.busy = true;
   try {
-    const since = S.lastT === null ? "" : `?since=${S.lastT}`;
+    // The first load takes the last hour at 5 s samples; then only what is new.
+    const since = S.lastT === null ? "?limit=720" : `?since=${S.lastT}`;
     const [status, hist] = await Promise.all([api("/api/status"), api("/api/history" + since)]);
     S.status = status;
     if (S.lastT === null || (hist.samples.length && hist.samples[0].t < (S.samples.at(-1)?.t ?? 0))) S.samples = [];
@@ -225,7 +227,11 @@ function viewCluster(root) {
       series("leased", "leased", "#59a14f"), series("virtual", "virtual", "#b07aa1"), series("dead", "dead", "#e15759")],
     {unit: "subtasks", title: "Queue depths"}),
     lineChart([{name: "pages / s", color: "#2f6fde", points: r.pages}, {name: "items / s", color: "#2b8a3e", points: r.items}],
-      {unit: "per second", title: "Throughput"})));
+      {unit: "per second", title: "Throughput"}),
+    lineChart([["moved_out", "moved", "#4e79a7"], ["modified", "modified", "#f28e2b"], ["recalled", "recalled", "#e15759"],
+      ["dead", "dead-lettered", "#1d2330"]].map(([c, name, color]) => ({name, color, points: S.samples.map((x) =>
+      [x.t, Object.values(x.counts || {}).reduce((a, n) => a + (n[c] || 0), 0)])})),
+    {unit: "subtasks (total)", title: "What the control did: moved, modified, recalled"})));
   root.append(h("h2", {}, "Nodes"));
   if (!nodes.length) {
     root.append(empty("No node has registered yet. Start one: ",
