@@ -62,8 +62,8 @@ def dashboards(scrapy_env: dict[str, str], prefix: str, mongo_db: str, tmp_path:
     """Start dashboards on this test's prefix: ``dashboards(token=...)``; all stopped afterwards."""
     started = []
 
-    def start(token: str | None = None, **settings: str) -> Any:
-        env = dict(scrapy_env)
+    def start(token: str | None = None, env_extra: dict[str, str] | None = None, **settings: str) -> Any:
+        env = dict(scrapy_env, **(env_extra or {}))
         if token:
             env["PC_DASHBOARD_TOKEN"] = token
         proc = start_dashboard(env, prefix, mongo_db, tmp_path / f"dashboard{len(started)}.log", **settings)
@@ -197,6 +197,33 @@ def test_items_search_and_streamed_export(store: Store, items: Any, dashboards: 
     assert first["snippet"] == "'=HYPERLINK(\"x\")"  # a formula in crawled text is escaped for spreadsheets
     assert first["url"] == "http://a.example/item/0"
     assert call(url + "api/export?product=x&format=xml")[0] == 400
+
+
+def test_basic_auth_login_then_an_audited_drop(store: Store, seeded: dict[str, str], dashboards: Any) -> None:
+    url = dashboards(env_extra={"PC_DASHBOARD_USER": "alice", "PC_DASHBOARD_PASSWORD": "correct horse battery"}).url
+    status, headers, _ = call(url + "login")
+    assert status == 401 and headers["WWW-Authenticate"].startswith("Basic ")  # the browser asks
+    good = {"Authorization": "Basic " + base64.b64encode(b"alice:correct horse battery").decode()}
+    session = json.loads(call(url + "api/session", headers=good)[2])
+    assert session["operator"] == "alice" and session["methods"] == ["basic"]
+    bad = {"Authorization": "Basic " + base64.b64encode(b"alice:admin").decode()}
+    assert call(url + "api/session", headers=bad)[0] == 401
+    status, _, body = call(url + "api/deadletter/drop", "POST", {**good, "X-CSRF-Token": session["csrf"],
+                                                                 "Content-Type": "application/json"},
+                           {"id": seeded["report"]})
+    assert status == 200, body
+    assert json.loads(store.redis.lindex(store.keys.audit, 0))["actor"] == "dashboard:alice@127.0.0.1"
+
+
+def test_mongodb_down_gives_503_without_its_address(store: Store, seeded: dict[str, str], dashboards: Any) -> None:
+    from product_crawl.services import free_port
+
+    down = f"mongodb://127.0.0.1:{free_port()}"
+    url = dashboards(env_extra={"MONGO_URI": down}).url
+    assert call(url + "api/status")[0] == 200  # Redis views do not depend on MongoDB
+    for path in ("api/items", f"api/export?product={urllib.parse.quote(PRODUCT)}"):
+        status, _, body = call(url + path)
+        assert status == 503 and b"MongoDB did not answer" in body and down.split("//")[1].encode() not in body
 
 
 def test_weak_or_default_credentials_are_refused() -> None:

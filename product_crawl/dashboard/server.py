@@ -122,7 +122,7 @@ class _Streamer:
 
     def __init__(self, request: Request, chunks: Iterator[bytes]) -> None:
         self.request, self.chunks = request, chunks
-        self.paused = self.stopped = self.waiting = False
+        self.paused = self.stopped = self.waiting = self.fetching = False
         request.notifyFinish().addErrback(lambda _: self.stopProducing())
 
     def start(self) -> None:
@@ -130,8 +130,20 @@ class _Streamer:
         self._next()
 
     def _next(self) -> None:
-        self.waiting = False
-        threads.deferToThread(next, self.chunks, None).addCallbacks(self._write, self._failed)
+        self.waiting, self.fetching = False, True
+        d = threads.deferToThread(next, self.chunks, None)
+        d.addBoth(self._fetched)
+        d.addCallbacks(self._write, self._failed)
+
+    def _fetched(self, result: Any) -> Any:
+        self.fetching = False
+        if self.stopped:  # the client went away while the chunk was read: now the cursor may be closed
+            self._close()
+        return result
+
+    def _close(self) -> None:
+        # Closing the generator runs its `finally` (the cursor's close), never while a thread is inside it.
+        threads.deferToThread(self.chunks.close)  # type: ignore[attr-defined]
 
     def _write(self, chunk: bytes | None) -> None:
         if self.stopped:
@@ -147,11 +159,17 @@ class _Streamer:
             self._next()
 
     def _failed(self, failure: Failure) -> None:
+        if self.stopped:
+            return
         logger.error("dashboard: export failed: %s", failure.getErrorMessage())
-        if not self.stopped:
-            self.stopped = True
-            self.request.unregisterProducer()
+        self.stopped = True
+        self.request.unregisterProducer()
+        if self.request.startedWriting:
             self.request.loseConnection()  # a truncated download, never one that looks complete
+        else:
+            self.request.setHeader(b"Content-Disposition", b"inline")
+            self.request.write(_json(self.request, 503, {"error": "MongoDB did not answer; export not started"}))
+            self.request.finish()
 
     def pauseProducing(self) -> None:
         self.paused = True
@@ -164,7 +182,8 @@ class _Streamer:
     def stopProducing(self) -> None:
         if not self.stopped:
             self.stopped = True
-            threads.deferToThread(self.chunks.close)  # type: ignore[attr-defined]
+            if not self.fetching:
+                self._close()
 
 
 class Api(Resource):
