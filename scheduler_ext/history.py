@@ -69,6 +69,14 @@ def sample_of(status: dict[str, Any], extra: dict[str, Any] | None = None) -> di
     }
 
 
+def _parse(raw: str) -> dict[str, Any] | None:
+    try:
+        s = json.loads(raw)
+    except ValueError:
+        return None
+    return s if isinstance(s, dict) and s.get("v") == HISTORY_VERSION else None
+
+
 class History:
     """The ``history`` list of one deployment: record samples, read them back."""
 
@@ -87,14 +95,18 @@ class History:
 
     def read(self, since: float | None = None, limit: int | None = None) -> list[dict[str, Any]]:
         """Samples oldest first: the last ``limit`` (all by default), only those after ``since``. A sample that is
-        not a JSON object of this version is skipped: one bad entry must not blank a chart."""
-        start = -limit if limit else 0
-        out = []
-        for raw in self.store.redis.lrange(self.store.keys.history, start, -1):
-            try:
-                s = json.loads(raw)
-            except ValueError:
-                continue
-            if isinstance(s, dict) and s.get("v") == HISTORY_VERSION and (since is None or (s.get("t") or 0) > since):
-                out.append(s)
-        return out
+        not a JSON object of this version is skipped: one bad entry must not blank a chart.
+
+        With ``since`` (a poll for what is new) only the tail of the list is read, growing until it reaches back to
+        ``since``: a poll costs the new samples, not the whole history."""
+        n = 16 if since is not None else max(16, limit or self.maxlen)
+        while True:
+            raws = self.store.redis.lrange(self.store.keys.history, -n, -1)
+            samples = [s for s in map(_parse, raws) if s is not None]
+            fresh = [s for s in samples if since is None or (s.get("t") or 0) > since]
+            whole = len(raws) < n
+            covered = since is not None and bool(samples) and (samples[0].get("t") or 0) <= since
+            if whole or covered or (since is None and limit and len(fresh) >= limit):
+                break
+            n *= 4
+        return fresh[-limit:] if limit else fresh

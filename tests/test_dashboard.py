@@ -152,6 +152,15 @@ def test_cross_origin_post_and_foreign_host_are_refused(store: Store, seeded: di
     assert store.redis.hlen(store.keys.dead) == 2
 
 
+def test_a_poll_for_new_samples_reads_only_the_tail(store: Store) -> None:
+    hist = History(store, interval=60, maxlen=1000)
+    samples = [json.dumps({"v": 1, "t": float(t)}) for t in range(500)]
+    store.redis.rpush(store.keys.history, *samples)
+    assert [s["t"] for s in hist.read(since=497)] == [498.0, 499.0]
+    assert [s["t"] for s in hist.read(since=100)] == [float(t) for t in range(101, 500)]  # reads further back
+    assert len(hist.read()) == 500 and len(hist.read(limit=20)) == 20
+
+
 def test_history_is_sampled_into_redis_and_survives_a_restart(store: Store, seeded: dict[str, str],
                                                               dashboards: Any) -> None:
     first = dashboards()
@@ -175,7 +184,9 @@ def test_history_takes_one_sample_per_interval_and_keeps_the_newest(store: Store
         assert hist.record({**status, "time": 1000.0 + i})
     assert [s["t"] for s in hist.read()] == [1002.0, 1003.0, 1004.0]
     store.redis.rpush(store.keys.history, "not json", json.dumps([1]))
-    assert [s["t"] for s in hist.read(since=1002.5)] == [1003.0, 1004.0]  # bad entries skipped, not fatal
+    reader = History(store, interval=60, maxlen=100)
+    assert [s["t"] for s in reader.read(since=1002.5)] == [1003.0, 1004.0]  # bad entries skipped, not fatal
+    assert [s["t"] for s in reader.read(since=1002.5, limit=1)] == [1004.0]
 
 
 def test_items_search_and_streamed_export(store: Store, items: Any, dashboards: Any) -> None:

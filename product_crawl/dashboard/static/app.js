@@ -263,8 +263,10 @@ function viewMatrix(root) {
     const c = comp[x][n];
     if (!c) return h("td", {class: "cell empty-cell", "data-site": x, "data-node": n, title: "no run yet"}, "–");
     const sel = S.cell && S.cell.site === x && S.cell.node === n;
-    const td = h("td", {class: "cell" + (sel ? " sel" : ""), "data-site": x, "data-node": n,
-      on: {click: () => { S.cell = {site: x, node: n}; render(); }}},
+    const pick = () => { S.cell = {site: x, node: n}; render(); };
+    const td = h("td", {class: "cell" + (sel ? " sel" : ""), "data-site": x, "data-node": n, tabindex: 0,
+      "aria-label": `${x} on ${n}: completion ${fmt(c.completion)}, ${c.runs} runs`,
+      on: {click: pick, keydown: (ev) => { if (ev.key === "Enter" || ev.key === " ") { ev.preventDefault(); pick(); } }}},
     h("div", {class: "c"}, fmt(c.completion)), h("div", {class: "r"}, `${c.runs} run${c.runs === 1 ? "" : "s"}`));
     if (c.completion !== null && c.completion !== undefined) {
       const {bg, ink} = heat(c.completion);
@@ -305,8 +307,9 @@ async function viewProducts(root) {
     prods.map((p) => {
       const x = data.products[p], share = x.tasks ? x.done / x.tasks : 0, bar = h("span");
       bar.style.width = `${(share * 100).toFixed(0)}%`;
-      return h("tr", {class: "clickable" + (p === S.product ? " selected" : ""), "data-product": p,
-        on: {click: () => { S.product = p; render(); }}},
+      const pick = () => { S.product = p; render(); };
+      return h("tr", {class: "clickable" + (p === S.product ? " selected" : ""), "data-product": p, tabindex: 0,
+        on: {click: pick, keydown: (ev) => { if (ev.key === "Enter") pick(); }}},
       h("td", {}, p), h("td", {}, h("div", {class: "bar", title: `${x.done} of ${x.tasks}`}, bar), `${x.done} / ${x.tasks}`),
       h("td", {class: "num"}, int(x.pages)), h("td", {class: "num"}, int(x.collected)),
       h("td", {class: "num"}, data.items ? int(data.items[p] ?? 0) : "–"), h("td", {}, "details ›"));
