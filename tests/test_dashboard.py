@@ -134,6 +134,8 @@ def test_read_only_dashboard_refuses_every_action(store: Store, seeded: dict[str
     url = dashboards().url
     session = json.loads(call(url + "api/session")[2])
     assert session["actions"] is False and session["operator"] is None
+    failures = json.loads(call(url + "api/deadletter")[2])["failures"]
+    assert [(f["node"], f["site"], f["reason"]) for f in failures] == [("node1", "b.example", "blocked: 403")]
     code, body = _post(url, "requeue", seeded["subtask"], token=TOKEN, csrf=session["csrf"])
     assert code == 403 and "read-only" in body["error"]
     assert store.redis.hlen(store.keys.dead) == 2 and store.redis.llen(store.keys.audit) == 0

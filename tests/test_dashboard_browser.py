@@ -197,6 +197,7 @@ def test_read_only_page_has_no_action_buttons(browser: Browser, dashboard: Any, 
         assert page.locator(f"#deadletters tr[data-id='{ids['subtask']}']").count() == 1
         assert page.locator("#view-deadletters button").count() == 0
         assert "Read-only" in page.locator("#read-only").inner_text()
+        assert "blocked: 403" in page.locator("#failures").inner_text()  # the seeded failed run, recalled
         assert page.locator("#token").count() == 0  # nothing to sign in to
 
     browser.check(tmp_path / "screenshots", check)

@@ -118,19 +118,25 @@ class DashboardData:
         tasks = [t for raw in self.store.redis.hvals(self.store.keys.tasks) if (t := _task(raw))]
         out["tasks"] = sorted((t for t in tasks if t["group"] == product), key=lambda t: (str(t["site"]),
                                                                                         str(t["engine"])))
+        out["runs"] = self._recent_runs(lambda run: run["group"] == product)
+        return out
+
+    def _recent_runs(self, keep: Any) -> list[dict[str, Any]]:
+        """The newest runs (of the last :data:`RUNS_SCANNED`) for which ``keep(run)`` holds, newest first."""
         runs = []
         for entry_id, entry in self.store.redis.xrevrange(self.store.keys.runs, count=RUNS_SCANNED):
             run = _run(entry_id, entry.get("report"))
-            if run is not None and run["group"] == product:
+            if run is not None and keep(run):
                 runs.append(run)
                 if len(runs) >= RUNS_SHOWN:
                     break
-        out["runs"] = runs
-        return out
+        return runs
 
     def deadletters(self) -> dict[str, Any]:
+        """The dead-letter entries, the latest audit records, and the latest failed runs (each one a recall)."""
         return {"v": 1, "entries": deadletter.list_entries(self.store),
-                "audit": deadletter.list_audit(self.store, 50)}
+                "audit": deadletter.list_audit(self.store, 50),
+                "failures": self._recent_runs(lambda run: run["outcome"] == "failed")}
 
     def requeue(self, entry_id: str, actor: str) -> str:
         return deadletter.requeue(self.store, entry_id, actor, self.audit_maxlen)

@@ -364,6 +364,11 @@ async function viewDeadletters(root) {
           requeueable ? h("button", {class: "primary requeue", on: {click: () => act("requeue", e.id)}}, "Requeue") : null, " ",
           h("button", {class: "danger drop", on: {click: () => act("drop", e.id)}}, "Drop")] : null));
     }), {id: "deadletters"}));
+  root.append(h("h2", {}, "Recent failed runs (each one recalled by the control)"));
+  root.append((data.failures || []).length ? table(["ended", "node", "site", "product", "reason", th("attempt", "num"), th("pages", "num")],
+    data.failures.map((r) => h("tr", {}, h("td", {}, clock(r.ended)), h("td", {}, r.node), h("td", {}, site(r.site)),
+      h("td", {}, r.group), h("td", {}, r.reason || "–"), h("td", {class: "num"}, r.attempt ?? 0), h("td", {class: "num"}, r.pages))), {id: "failures"})
+    : empty("No failed run among the latest runs."));
   root.append(h("h2", {}, "Audit: who did what, and when"));
   root.append(data.audit.length ? table(["at", "who", "action", "entry", "kind", "into"],
     data.audit.map((a) => h("tr", {}, h("td", {}, new Date(a.at * 1000).toLocaleString([], {hour12: false})), h("td", {}, a.actor),
