@@ -35,7 +35,7 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import quote, urlsplit
 
 from twisted.internet import task, threads
 from twisted.internet.interfaces import IListeningPort, IPushProducer
@@ -48,6 +48,7 @@ from zope.interface import implementer
 from product_crawl.dashboard.auth import Auth, Refused
 from product_crawl.dashboard.data import EXPORT_FORMATS, DashboardData, DataUnavailable
 from product_crawl.services import stop_pid
+from scheduler_ext.deadletter import UnknownEntry
 from scheduler_ext.exceptions import InvalidInput
 
 logger = logging.getLogger(__name__)
@@ -265,10 +266,11 @@ class Api(Resource):
             return _json(request, 400, {"error": "expected ?product=NAME&format=jsonl|csv"})
         if self.data.collection is None:
             return _json(request, 503, {"error": "no items collection is configured"})
-        ext, mime = {"jsonl": ("jsonl", b"application/x-ndjson"), "csv": ("csv", b"text/csv")}[fmt]
+        mime = {"jsonl": b"application/x-ndjson", "csv": b"text/csv"}[fmt]
         request.setHeader(b"Content-Type", mime + b"; charset=utf-8")
-        filename = f"items.{ext}".encode()
-        request.setHeader(b"Content-Disposition", b'attachment; filename="' + filename + b'"')
+        # The product's name as the file's (RFC 6266 filename*, UTF-8), "items.<format>" for older clients.
+        request.setHeader(b"Content-Disposition", f"attachment; filename=\"items.{fmt}\"; filename*=UTF-8''"
+                                                  f"{quote(product, safe='')}.{fmt}".encode("ascii"))
         _Streamer(request, self.data.export(product, fmt)).start()
         return NOT_DONE_YET
 
@@ -294,8 +296,10 @@ class Api(Resource):
                 else:
                     self.data.drop(entry_id, actor)
                     to = None
-            except InvalidInput as exc:  # unknown entry, or nothing to requeue in it
-                raise HttpError(404 if "no dead-letter entry" in str(exc) else 409, str(exc)) from exc
+            except UnknownEntry as exc:  # never there, or removed meanwhile (a second click)
+                raise HttpError(404, str(exc)) from exc
+            except InvalidInput as exc:  # nothing to requeue in it: drop only
+                raise HttpError(409, str(exc)) from exc
             logger.info("dashboard: %s %s dead-letter entry %s", actor, action, entry_id)
             return {"ok": True, "action": action, "id": entry_id, "to": to}
 
@@ -359,25 +363,36 @@ class Root(Resource):
         self.loopback_only = loopback_only
         self.putChild(b"api", api)
         self.putChild(b"login", Login(auth))
-        self.putChild(b"static", File(str(STATIC)))
+        self.putChild(b"static", _Static(str(STATIC)))
         self.index = File(str(STATIC / "index.html"))
 
     def getChildWithDefault(self, path: bytes, request: Request) -> Resource:
         # DNS rebinding: a page on a foreign name must not reach a loopback-only dashboard through the browser.
         host = (request.getHeader(b"host") or b"").decode("latin-1")
         if self.loopback_only and not is_loopback(urlsplit("//" + host).hostname or ""):
-            return _Forbidden()
+            return _Forbidden("this dashboard answers only requests addressed to its loopback name")
         _secure(request)
         if path in (b"", b"index.html"):
             return self.index
         return super().getChildWithDefault(path, request)
 
 
+class _Static(File):
+    """The page's assets; no directory listing."""
+
+    def directoryListing(self) -> Resource:
+        return _Forbidden("no folder listing")
+
+
 class _Forbidden(Resource):
     isLeaf = True
 
+    def __init__(self, message: str) -> None:
+        super().__init__()
+        self.message = message
+
     def render(self, request: Request) -> bytes:
-        return _json(request, 403, {"error": "this dashboard answers on its loopback address only"})
+        return _json(request, 403, {"error": self.message})
 
 
 class Dashboard:
