@@ -5,7 +5,9 @@ simulated web."""
 from __future__ import annotations
 
 import json
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from threading import Thread
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
@@ -312,3 +314,50 @@ def test_normalize_date_takes_only_dates() -> None:
     assert normalize_date("回答时间：2014年5月3日") == "2014-05-03"
     assert [normalize_date(t) for t in ("5分钟前", "今天 10:05", "3月12日 10:22", "半小时前", "刚刚")] == [
         "5分钟前", "今天 10:05", "3月12日 10:22", "半小时前", "刚刚"]
+
+
+# --- a node on pages like these (real Scrapy process, Redis, MongoDB, an HTTP server on loopback) -----------
+
+
+class _SavedBaidu(BaseHTTPRequestHandler):
+    """Serves saved pages by ``pn``: a page of results, a suspicious page, another page of results."""
+
+    pages = {"0": "baidu_2017.html", "10": "baidu_suspicious.html", "20": "baidu_2021.html"}
+
+    def do_GET(self) -> None:  # noqa: N802 (the name http.server calls)
+        pn = parse_qs(urlsplit(self.path).query).get("pn", ["0"])[0]
+        body = (PAGES / self.pages.get(pn, "baidu_none.html")).read_bytes()
+        self.send_response(200)
+        self.send_header("Content-Type", "text/html; charset=utf-8")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+def test_suspicious_page_fails_the_page_instead_of_ending_the_task(cluster: Any) -> None:
+    from scheduler_ext.models import Report, Subtask
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _SavedBaidu)
+    Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        cluster.settings["PC_ENGINE_BASE_URLS"] = {"baidu": f"http://127.0.0.1:{server.server_address[1]}"}
+        st = Subtask(id="s1", task="t1", group="蒙牛特仑苏", site="12315.com", first_page=0, page_limit=3,
+                     time_limit=30, payload={"engine": "baidu", "keywords": ["蒙牛", "特仑苏"],
+                                             "keywords_joined": "蒙牛&特仑苏", "product": "蒙牛特仑苏"})
+        cluster.redis.lpush(cluster.store.keys.crawl("node1"), st.to_json())
+        from product_crawl.cluster import NodeSpec
+
+        assert cluster.start_node(NodeSpec("node1", "127.0.0.2"), SCHEDEXT_IDLE_CLOSE=1).wait(60) == 0
+    finally:
+        server.shutdown()
+        server.server_close()
+    # Not "done, end of results at page 1": failed with the reason, so the control recalls pages 1-2.
+    assert not cluster.redis.llen(cluster.store.keys.sleeping)
+    [raw] = cluster.redis.lrange(cluster.store.keys.failed, 0, -1)
+    report = Report.from_json(raw)
+    assert report.outcome == "failed" and "suspicious page" in report.reason and not report.exhausted
+    assert report.next_page == 1 and report.reported in (85, 1020)
+    assert cluster.items() == report.collected >= 4  # page 0's four results are stored

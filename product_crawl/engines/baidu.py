@@ -149,8 +149,8 @@ def fit_query(words: Sequence[str], site: str, limit: int = QUERY_LIMIT_BYTES) -
 
     >>> fit_query(["光明", "高钙", "牛奶"], "cca.org.cn")
     'site:cca.org.cn 光明 高钙 牛奶'
-    >>> fit_query(["特别长的产品名称" * 4, "牛奶"], "cca.org.cn")
-    'site:cca.org.cn 特别长的产品名称特别长的产品名称特别长的产品名称'
+    >>> fit_query(["特别长的产品名称" * 4, "牛奶"], "cca.org.cn")  # 16 bytes + 30 characters
+    'site:cca.org.cn 特别长的产品名称特别长的产品名称特别长的产品名称特别长的产品'
     """
     query = f"site:{site}" if site else ""
     for word in words:
