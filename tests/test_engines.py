@@ -361,3 +361,22 @@ def test_suspicious_page_fails_the_page_instead_of_ending_the_task(cluster: Any)
     assert report.outcome == "failed" and "suspicious page" in report.reason and not report.exhausted
     assert report.next_page == 1 and report.reported in (85, 1020)
     assert cluster.items() == report.collected >= 4  # page 0's four results are stored
+
+
+def test_parse_page_command_shows_a_saved_page_parse_and_verdict(tmp_path: Path) -> None:
+    from conftest import run_scrapy
+
+    url = "http://www.baidu.com/s?wd=site%3Acca.org.cn+%E5%85%89%E6%98%8E&pn=20&ie=utf-8"
+    out = run_scrapy(["parse-page", str(PAGES / "baidu_2015_gbk.html"), "--engine", "baidu", "--url", url])
+    assert out.returncode == 0, out.stderr
+    shown = json.loads(out.stdout)
+    # The page declares GBK; w3lib decodes it as its superset GB18030.
+    assert (shown["verdict"], shown["encoding"], shown["reported"]) == ("more pages", "gb18030", 2460)
+    assert [r["rank"] for r in shown["results"]] == [21, 22, 23, 24]
+    assert shown["results"][2]["kind"] == "card" and len(shown["skipped"]) == 3
+    blocked = run_scrapy(["parse_page", str(PAGES / "sweibo_limited.html"), "--engine", "sweibo"])
+    assert blocked.returncode == 0 and json.loads(blocked.stdout)["verdict"] == "blocked"
+    failed = run_scrapy(["parse_page", str(PAGES / "sweibo_suspicious.html"), "--engine", "sweibo"])
+    assert json.loads(failed.stdout)["verdict"] == "failed"
+    missing = run_scrapy(["parse_page", str(tmp_path / "nothing.html")])
+    assert missing.returncode == 2 and "nothing.html" in missing.stderr and "cannot read" in missing.stderr

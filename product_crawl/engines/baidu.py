@@ -49,6 +49,7 @@ QUERY_LIMIT_BYTES = 76
 _COUNT = re.compile(r"找到相关(?:结果|网页)数?\s*约?\s*([\d,，]+)\s*[个篇]")
 _NO_RESULTS = ("抱歉没有找到", "抱歉，没有找到", "没有找到与", "没有找到该URL", "未找到相关结果")
 _TRUNCATED = re.compile(r"[^。<>]{0,120}及其后面的字词均被忽略[^。<>]{0,40}")
+_BAIDU_OWN = re.compile(r"^(?:(?:https?:)?//(?:www\.|m\.)?baidu\.com)?/s\?|cache\.baiducontent\.com|^/?#")
 _AD_LABELS = ("广告", "推广链接", "商业推广", "品牌广告", "推广")
 
 # Blocks of #content_left: results and cards carry these classes; ads carry data-tuiguang, EC_/ec_ classes
@@ -236,8 +237,11 @@ def _parse_result(block: Selector, response: TextResponse, kind: str, offset: in
         title = clean_text([str(tools.get("title") or "")])
     if not title:
         return "no title (an empty widget)"
+    # The block's other links come last, without Baidu's own search and snapshot links (a "related searches"
+    # card links only to searches: it is no result).
+    others = [href for href in block.xpath(".//a/@href").getall() if not _BAIDU_OWN.search(href)]
     url = usable_url(response, [block.attrib.get("mu"), *heading.xpath(".//a/@href").getall(),
-                                str(tools.get("url") or ""), *block.xpath(".//a/@href").getall()])
+                                str(tools.get("url") or ""), *others])
     if not url:
         return f"no usable link ({title!r})"
     snippet, lead_date = _snippet(block)

@@ -74,9 +74,10 @@ _TEXTS = (
 )
 # Text of a post without its controls: "展开全文" / "收起全文" links (action-type fl_unfold / fl_fold, or
 # class WB_text_opt) and the icon-font glyphs after them.
+# The 2013 layout starts the text with the author's link ("昵称：..."), which is the title, not the text.
 _POST_TEXT = (
     ".//text()[not(ancestor::a[starts-with(@action-type, 'fl_') or contains(@class, 'WB_text_opt')"
-    " or starts-with(normalize-space(.), '展开') or starts-with(normalize-space(.), '收起')])]"
+    " or starts-with(normalize-space(.), '展开') or starts-with(normalize-space(.), '收起') or @nick-name])]"
     f"[not(ancestor::i[{has_class('wbicon')}])][not(ancestor::script or ancestor::style)]"
 )
 _AUTHORS = (
@@ -291,6 +292,7 @@ def _first(post: Selector, xpaths: Sequence[str]) -> Selector | None:
 def _parse_post(post: Selector, response: TextResponse, offset: int, index: int, page_size: int) -> Result | str:
     text_element = _first(post, _TEXTS)
     snippet = clean_text(text_element.xpath(_POST_TEXT).getall()) if text_element is not None else ""
+    snippet = snippet.lstrip("：:").strip()
     author = post.xpath(f"(.//@nick-name[not({_FORWARD})])[1]").get() or ""
     if not author:
         element = _first(post, _AUTHORS)
