@@ -55,7 +55,7 @@ from product_crawl.engines import (
     without_query,
 )
 
-_COUNT = re.compile(r"找到\s*约?\s*([\d,，]+)\s*条(?:相关)?结果")
+_COUNT = re.compile(r"找到\s*约?\s*([\d,，]+)\s*条(?:相关)?(?:结果|微博)")
 _NO_RESULTS = ("抱歉，未找到", "未找到相关结果", "没有找到相关", "抱歉，没有找到")
 _CHINA = timezone(timedelta(hours=8))
 _VIEW = re.compile(r"\.view\(\s*(?=\{)")
@@ -135,8 +135,7 @@ class WeiboParser(Engine):
         pagers = [p for f in fragments for p in f.xpath(_PAGER)]
         has_next = any(p.xpath(f".//a[{has_class('next')} or contains(normalize-space(.), '下一页')]")
                        for p in pagers)
-        said_none = any(f.xpath(f"//*[{has_class('card-no-result', 'pl_noresult', 'search_noresult')}]")
-                        for f in fragments) or any(s in text for s in _NO_RESULTS)
+        said_none = _says_none(fragments, text)
         problem = check_page(results, has_next, said_none, bool(pagers), response.url)
         return ResultPage(results=results, reported=parse_count(text, _COUNT), has_next=has_next,
                           problem=problem, skipped=tuple(skipped))
@@ -155,9 +154,11 @@ class WeiboParser(Engine):
             if marker in title:
                 return f"block page (title {html_title(response)!r})"
         fragments = _fragments(response)
-        if _posts(fragments):
+        if _posts(fragments) or any(f.xpath(_PAGER) for f in fragments):
             return None
         text = without_query(_text(fragments), response.url)
+        if _says_none(fragments, text):  # a normal "no results" page, whatever else it offers (a login link)
+            return None
         text += " " + " ".join(re.findall(r'"pid"\s*:\s*"([^"]+)"', response.text))  # the pagelets' names
         for marker in _BLOCK_TEXTS:
             if marker in text:
@@ -270,6 +271,12 @@ def _text(fragments: list[Selector]) -> str:
     """The visible text of the page and its pagelets (no scripts or styles)."""
     return " ".join(clean_text(f.xpath("//text()[not(ancestor::script or ancestor::style)]").getall())
                     for f in fragments)
+
+
+def _says_none(fragments: list[Selector], text: str) -> bool:
+    """True if the page says the search has no (more) results."""
+    return any(f.xpath(f"//*[{has_class('card-no-result', 'pl_noresult', 'search_noresult')}]") for f in fragments) \
+        or any(s in text for s in _NO_RESULTS)
 
 
 def _posts(fragments: list[Selector]) -> list[Selector]:
