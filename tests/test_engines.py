@@ -380,3 +380,25 @@ def test_parse_page_command_shows_a_saved_page_parse_and_verdict(tmp_path: Path)
     assert json.loads(failed.stdout)["verdict"] == "failed"
     missing = run_scrapy(["parse_page", str(tmp_path / "nothing.html")])
     assert missing.returncode == 2 and "nothing.html" in missing.stderr and "cannot read" in missing.stderr
+
+
+class _NoLimitEngine(Engine):
+    """A type-0 engine without a query limit."""
+
+    name = "nolimit"
+    default_base_url = "http://search.local"
+
+
+def test_split_records_the_words_each_engine_searches() -> None:
+    from product_crawl.tasks import parse_virtual_task, split
+
+    words = ["雀巢", "中老年", "高钙", "低脂", "无糖", "营养", "配方", "奶粉", "罐装", "进口", "原装", "正品", "特价"]
+    specs = split(parse_virtual_task({"name": "雀巢中老年奶粉", "keywords": words, "sites": ["cca.org.cn"],
+                                      "engines": ["baidu", f"{__name__}._NoLimitEngine"]}))
+    assert [s["payload"]["engine"] for s in specs] == ["baidu", f"{__name__}._NoLimitEngine"]
+    baidu, other = (s["payload"] for s in specs)
+    assert baidu["keywords"] == fit_query(words, "cca.org.cn").split()[1:] and len(baidu["keywords"]) < len(words)
+    assert baidu["keywords_joined"] == "&".join(baidu["keywords"])
+    url = get_engine("baidu").page_url(baidu["keywords"], "cca.org.cn", 0)
+    assert query(url)["wd"] == [fit_query(words, "cca.org.cn")]
+    assert other["keywords"] == words  # no limit known: every word

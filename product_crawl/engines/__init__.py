@@ -138,6 +138,10 @@ class Engine:
         """URL of result page ``page`` (0-based) of the search for ``words`` restricted to ``site``."""
         raise NotImplementedError
 
+    def query_words(self, words: Sequence[str], site: str) -> list[str]:
+        """The leading ``words`` this engine can send in one query on ``site`` (all of them by default)."""
+        return list(words)
+
     def parse(self, response: TextResponse) -> ResultPage:
         """Results, reported count and next-page flag of one result page. A page past the end of the
         results parses to no results and ``has_next=False``; it is not an error. A page that cannot be told

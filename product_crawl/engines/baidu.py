@@ -94,6 +94,10 @@ class BaiduEngine(Engine):
         query = fit_query(words, site)
         return f"{self.base_url}/s?{encode_param('wd', query)}&pn={self.page_size * page}&cl=0&ie=utf-8"
 
+    def query_words(self, words: Sequence[str], site: str) -> list[str]:
+        query = fit_query(words, site).split()
+        return query[1:] if site else query
+
     def parse(self, response: TextResponse) -> ResultPage:
         offset = _offset(response.url)
         area = response.xpath("//div[@id='content_left']") or response.xpath("//body") or response
