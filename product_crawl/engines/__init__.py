@@ -331,8 +331,9 @@ def has_class(*names: str) -> str:
 
 
 def clean_text(parts: Sequence[str]) -> str:
-    """Text nodes joined, with runs of whitespace (including non-breaking spaces) collapsed."""
-    return " ".join("".join(parts).replace("\xa0", " ").split())
+    """Text nodes joined, with runs of whitespace (including non-breaking spaces) collapsed and zero-width
+    characters (Weibo pads posts with them) removed."""
+    return " ".join("".join(parts).replace("\xa0", " ").replace("\u200b", "").replace("\ufeff", "").split())
 
 
 def parse_count(text: str, pattern: re.Pattern[str]) -> int | None:

@@ -50,6 +50,10 @@ _COUNT = re.compile(r"找到相关(?:结果|网页)数?\s*约?\s*([\d,，]+)\s*[
 _NO_RESULTS = ("抱歉没有找到", "抱歉，没有找到", "没有找到与", "没有找到该URL", "未找到相关结果")
 _TRUNCATED = re.compile(r"[^。<>]{0,120}及其后面的字词均被忽略[^。<>]{0,40}")
 _BAIDU_OWN = re.compile(r"^(?:(?:https?:)?//(?:www\.|m\.)?baidu\.com)?/s\?|cache\.baiducontent\.com|^/?#")
+# Text of verification pages (checked only on a page without results): the captcha host, its slider, the
+# "network is weak" notice it shows, the old vcode page.
+_BLOCK_TEXTS = ("wappass.baidu.com", "/static/captcha", "网络不给力", "请输入验证码", "请完成下方验证", "拖动下方滑块",
+                "滑动滑块", "异常的访问", "访问出错", "安全验证")
 _AD_LABELS = ("广告", "推广链接", "商业推广", "品牌广告", "推广")
 
 # Blocks of #content_left: results and cards carry these classes; ads carry data-tuiguang, EC_/ec_ classes
@@ -143,7 +147,7 @@ class BaiduEngine(Engine):
         if response.xpath(f"//div[@id='content_left'] | //div[{_BLOCK}]"):
             return None  # a result page; its scripts may well mention the verification host
         text = without_query(response.text, response.url)
-        for marker in ("wappass.baidu.com", "网络不给力", "请输入验证码", "异常的访问", "访问出错", "安全验证"):
+        for marker in _BLOCK_TEXTS:
             if marker in text:
                 return f"verification page ({marker!r} and no results)"
         return None
