@@ -125,7 +125,10 @@ class BaiduEngine(Engine):
         text = clean_text(response.xpath("//body//text()[not(ancestor::script or ancestor::style)]").getall())
         said_none = bool(response.css("div.content_none, div.nors")) or any(s in text for s in _NO_RESULTS)
         problem = check_page(results, has_next, said_none, has_pager, response.url)
-        truncated = _TRUNCATED.search(text)
+        # The notice stands above the results; a result's own text may quote anything.
+        notices = response.xpath(f"//body//text()[not(ancestor::script or ancestor::style)]"
+                                 f"[not(ancestor::div[{_BLOCK}][.//h3])]").getall()
+        truncated = _TRUNCATED.search(clean_text(notices))
         if truncated:
             problem = f"query truncated by Baidu (limit: 38 Chinese characters): {truncated[0].strip()}"
         return ResultPage(results=results, reported=_reported(response, text), has_next=has_next,
@@ -221,9 +224,10 @@ def _describe(block: Selector) -> str:
     return f"<div {attrs}>" if attrs else "<div>"
 
 
-def _tools(block: Selector) -> dict[str, Any]:
-    """The block's ``data-tools`` JSON (title and url of the result), {} if absent or unreadable."""
-    raw = block.xpath("(.//@data-tools)[1]").get()
+def _json_attr(block: Selector, xpath: str) -> dict[str, Any]:
+    """The JSON object in the attribute ``xpath`` selects (``data-tools``: the result's title and url;
+    ``data-log``: its ``mu``), {} if absent or unreadable."""
+    raw = block.xpath(xpath).get()
     if not raw:
         return {}
     try:
@@ -236,7 +240,8 @@ def _tools(block: Selector) -> dict[str, Any]:
 def _parse_result(block: Selector, response: TextResponse, kind: str, offset: int, index: int,
                   page_size: int) -> Result | str:
     """The block's result, or why it has none (no title, no usable link)."""
-    tools = _tools(block)
+    tools = _json_attr(block, "(.//@data-tools)[1]")
+    log = _json_attr(block, "@data-log")
     heading = block.xpath("(.//h3)[1]")
     title = clean_text(heading.xpath(".//text()").getall()) if heading else ""
     if not title:
@@ -248,7 +253,7 @@ def _parse_result(block: Selector, response: TextResponse, kind: str, offset: in
     # The block's other links come last, without Baidu's own search and snapshot links (a "related searches"
     # card links only to searches: it is no result).
     others = [href for href in block.xpath(".//a/@href").getall() if not _BAIDU_OWN.search(href)]
-    url = usable_url(response, [block.attrib.get("mu"), *heading.xpath(".//a/@href").getall(),
+    url = usable_url(response, [block.attrib.get("mu"), str(log.get("mu") or ""), *heading.xpath(".//a/@href").getall(),
                                 str(tools.get("url") or ""), *others])
     if not url:
         return f"no usable link ({title!r})"
