@@ -63,7 +63,8 @@ _BLOCK = (
     " or contains(concat(' ', @class), ' EC_') or contains(concat(' ', @class), ' ec_')"
     " or contains(concat(' ', @class), ' ec-') or number(@id) = number(@id))"
 )
-_TOP_BLOCKS = f".//div[{_BLOCK}][not(ancestor::div[{_BLOCK}])]"
+# Results were tables until about 2014 (table.result[id]), divs since.
+_TOP_BLOCKS = f".//*[self::div or self::table][{_BLOCK}][not(ancestor::*[self::div or self::table][{_BLOCK}])]"
 _HIDDEN = "ancestor-or-self::*[contains(translate(@style, ' ', ''), 'display:none')]"
 _DATE_SPANS = has_class("newTimeFactor_before_abs", "c-color-gray2")
 # Where Baidu has put a result's date, most specific first. Each candidate must read as a date.
@@ -127,7 +128,7 @@ class BaiduEngine(Engine):
         problem = check_page(results, has_next, said_none, has_pager, response.url)
         # The notice stands above the results; a result's own text may quote anything.
         notices = response.xpath(f"//body//text()[not(ancestor::script or ancestor::style)]"
-                                 f"[not(ancestor::div[{_BLOCK}][.//h3])]").getall()
+                                 f"[not(ancestor::*[{_BLOCK}][.//h3])]").getall()
         truncated = _TRUNCATED.search(clean_text(notices))
         if truncated:
             problem = f"query truncated by Baidu (limit: 38 Chinese characters): {truncated[0].strip()}"
@@ -147,7 +148,7 @@ class BaiduEngine(Engine):
         for marker in ("安全验证", "验证码", "访问出错"):
             if marker in without_query(title, response.url):
                 return f"verification page (title {title!r})"
-        if response.xpath(f"//div[@id='content_left'] | //div[{_BLOCK}]"):
+        if response.xpath(f"//div[@id='content_left'] | //*[self::div or self::table][{_BLOCK}]"):
             return None  # a result page; its scripts may well mention the verification host
         text = without_query(response.text, response.url)
         for marker in _BLOCK_TEXTS:
@@ -221,7 +222,8 @@ def _classify(block: Selector) -> tuple[str, str]:
 
 def _describe(block: Selector) -> str:
     attrs = " ".join(f'{k}="{block.attrib[k]}"' for k in ("id", "tpl", "srcid") if k in block.attrib)
-    return f"<div {attrs}>" if attrs else "<div>"
+    tag = block.xpath("name()").get()
+    return f"<{tag} {attrs}>" if attrs else f"<{tag}>"
 
 
 def _json_attr(block: Selector, xpath: str) -> dict[str, Any]:
