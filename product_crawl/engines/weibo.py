@@ -280,10 +280,15 @@ def _says_none(fragments: list[Selector], text: str) -> bool:
 
 
 def _posts(fragments: list[Selector]) -> list[Selector]:
+    """The posts of the page and its pagelets. A candidate is a post if it holds post text: a
+    ``feed_list_content`` element or an old text class, or a plain ``p.txt`` when it is a feed item with a
+    ``mid`` (topic and user cards hold a ``p`` of their own)."""
     posts = []
     for fragment in fragments:
         for post in fragment.xpath(_POSTS):
-            if any(post.xpath(xpath) for xpath in _TEXTS):
+            if any(post.xpath(xpath) for xpath in _TEXTS[:2]) \
+                    or post.xpath(f".//*[{has_class('comment_txt', 'WB_text')}][not({_FORWARD})]") \
+                    or (post.attrib.get("mid") and post.xpath(_TEXTS[2])):
                 posts.append(post)
     return posts
 
