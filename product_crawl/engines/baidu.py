@@ -139,7 +139,7 @@ class BaiduEngine(Engine):
         for url in (response.url, redirect_target(response)):
             parts = urlsplit(url)
             if parts.hostname in ("wappass.baidu.com", "verify.baidu.com") or "verify" in parts.path \
-                    or "/vcode" in parts.path:
+                    or "/vcode" in parts.path or parts.path == "/search/error.html":
                 return f"verification page at {url}"
         if not isinstance(response, TextResponse):
             return None
@@ -150,6 +150,8 @@ class BaiduEngine(Engine):
                 return f"verification page (title {title!r})"
         if response.xpath(f"//div[@id='content_left'] | //*[self::div or self::table][{_BLOCK}]"):
             return None  # a result page; its scripts may well mention the verification host
+        if "百度一下" in without_query(title, response.url):  # the home page ("百度一下，你就知道") where results were asked for
+            return f"home page instead of results (title {title!r})"
         text = without_query(response.text, response.url)
         for marker in _BLOCK_TEXTS:
             if marker in text:

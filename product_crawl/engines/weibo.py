@@ -94,11 +94,11 @@ _PAGER = f"//*[{has_class('m-page', 'W_pages', 'search_page')} or @node-type='fe
 _BLOCK_HOSTS = ("passport.weibo.com", "login.sina.com.cn", "passport.sina.cn", "login.weibo.cn",
                 "security.weibo.com")
 _BLOCK_PATHS = ("visitor", "verify", "login.php", "newlogin", "signin", "login", "sorry")
-_BLOCK_TITLES = ("Sina Visitor System", "验证码", "访问受限", "404错误", "新浪通行证", "随时随地发现新鲜事",
+_BLOCK_TITLES = ("Sina Visitor System", "验证码", "访问受限", "404错误", "新浪通行证", "新鲜事",
                  "登录", "帐号异常", "账号异常", "网络繁忙", "系统繁忙")
 _BLOCK_TEXTS = ("访问受限", "帐号异常", "账号异常", "网络繁忙", "系统繁忙", "请输入验证码", "行为有些异常",
                 "Sina Visitor System", "pl_common_sassfilter", "请先登录", "登录后查看", "安全检测规则",
-                "页面地址有误", "页面不存在")
+                "页面地址有误", "页面不存在", "过于频繁", "频次过高")
 
 
 class WeiboParser(Engine):
