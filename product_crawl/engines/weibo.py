@@ -149,12 +149,14 @@ class WeiboParser(Engine):
                 return f"login wall or visitor system at {url}"
         if not isinstance(response, TextResponse):
             return None
+        fragments = _fragments(response)
+        if _posts(fragments):  # a page that shows posts serves results, whatever its title says
+            return None
         title = without_query(html_title(response), response.url)
         for marker in _BLOCK_TITLES:
             if marker in title:
                 return f"block page (title {html_title(response)!r})"
-        fragments = _fragments(response)
-        if _posts(fragments) or any(f.xpath(_PAGER) for f in fragments):
+        if any(f.xpath(_PAGER) for f in fragments):
             return None
         text = without_query(_text(fragments), response.url)
         if _says_none(fragments, text):  # a normal "no results" page, whatever else it offers (a login link)
