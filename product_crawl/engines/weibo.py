@@ -257,7 +257,7 @@ def _fragments(response: TextResponse) -> list[Selector]:
     """The page itself and the HTML of every pagelet script on it (``STK.pageletM.view({... "html": ...})``,
     ``FM.view``): old layouts ship their results only there."""
     fragments = [response.selector]
-    decoder = json.JSONDecoder()
+    decoder = json.JSONDecoder(strict=False)  # pagelets may hold raw tabs and newlines inside strings
     for script in response.xpath("//script/text()").getall():
         for m in _VIEW.finditer(script):
             try:
