@@ -150,7 +150,8 @@ class BaiduEngine(Engine):
                 return f"verification page (title {title!r})"
         if response.xpath(f"//div[@id='content_left'] | //*[self::div or self::table][{_BLOCK}]"):
             return None  # a result page; its scripts may well mention the verification host
-        if "百度一下" in without_query(title, response.url):  # the home page ("百度一下，你就知道") where results were asked for
+        # The home page ("百度一下，你就知道") where results were asked for.
+        if "百度一下" in without_query(title, response.url):
             return f"home page instead of results (title {title!r})"
         text = without_query(response.text, response.url)
         for marker in _BLOCK_TEXTS:
@@ -246,8 +247,9 @@ def _parse_result(block: Selector, response: TextResponse, kind: str, offset: in
     """The block's result, or why it has none (no title, no usable link)."""
     tools = _json_attr(block, "(.//@data-tools)[1]")
     log = _json_attr(block, "@data-log")
-    heading = block.xpath("(.//h3)[1]")
-    title = clean_text(heading.xpath(".//text()").getall()) if heading else ""
+    # The first h3 with text: some cards (company information) open with an empty one.
+    heading = next((h for h in block.xpath(".//h3") if clean_text(h.xpath(".//text()").getall())), None)
+    title = clean_text(heading.xpath(".//text()").getall()) if heading is not None else ""
     if not title:
         title = clean_text(block.xpath(f"(.//*[{has_class('c-title', 't')}])[1]//text()").getall())
     if not title:
@@ -257,7 +259,8 @@ def _parse_result(block: Selector, response: TextResponse, kind: str, offset: in
     # The block's other links come last, without Baidu's own search and snapshot links (a "related searches"
     # card links only to searches: it is no result).
     others = [href for href in block.xpath(".//a/@href").getall() if not _BAIDU_OWN.search(href)]
-    url = usable_url(response, [block.attrib.get("mu"), str(log.get("mu") or ""), *heading.xpath(".//a/@href").getall(),
+    title_links = heading.xpath(".//a/@href").getall() if heading is not None else []
+    url = usable_url(response, [block.attrib.get("mu"), str(log.get("mu") or ""), *title_links,
                                 str(tools.get("url") or ""), *others])
     if not url:
         return f"no usable link ({title!r})"
