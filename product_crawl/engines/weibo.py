@@ -313,7 +313,11 @@ def _parse_post(post: Selector, response: TextResponse, offset: int, index: int,
         author = clean_text(element.xpath(".//text()").getall()) if element is not None else ""
     link = _first(post, _DATE_LINKS)
     mid = post.attrib.get("mid", "")
-    url = usable_url(response, [link.attrib.get("href") if link is not None else None,
+    href = link.attrib.get("href") if link is not None else None
+    if href and href.startswith("/") and not href.startswith("//") \
+            and (urlsplit(response.url).hostname or "").endswith("weibo.com"):
+        href = "https://weibo.com" + href  # permalinks live on weibo.com, not on the search host
+    url = usable_url(response, [href,
                                 f"https://m.weibo.cn/detail/{mid}" if mid.isdigit() else None])
     if not url:
         return f"post mid={mid or '?'} by {author or '?'}: no permalink"
