@@ -122,7 +122,7 @@ class BaiduEngine(Engine):
             "//*[@id='page' or contains(@class, 'page-inner')]//a[contains(normalize-space(.), '下一页')]"
             f" | //a[{has_class('n')}][contains(normalize-space(.), '下一页')]"
         ))
-        has_pager = bool(response.xpath("//*[@id='page' or contains(@class, 'page-inner')]//a"))
+        has_pager = bool(response.xpath("//*[@id='page' or contains(@class, 'page-inner')]"))
         text = clean_text(response.xpath("//body//text()[not(ancestor::script or ancestor::style)]").getall())
         said_none = bool(response.css("div.content_none, div.nors")) or any(s in text for s in _NO_RESULTS)
         problem = check_page(results, has_next, said_none, has_pager, response.url)
