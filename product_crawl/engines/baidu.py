@@ -75,11 +75,12 @@ _DATE_XPATHS = (
     f".//*[{has_class('c-showurl')}]/..",  # the URL line of later layouts
     f".//*[{has_class('f13')}]",  # Zhidao answers: "回答时间：2014年5月3日" (p.f13)
     f".//span[{has_class('c-color-gray', 'm')}]",  # generic grey text: often a date, sometimes a label
+    ".//span[contains(@class, 'color-gray') or contains(@class, 'text-minor')]",  # the same, 2023- class names
 )
 _ABSTRACTS = (
     f".//*[{has_class('c-abstract')}]",
     ".//*[contains(@class, 'content-right_')]",
-    ".//*[contains(@class, 'abstract')]",
+    ".//*[contains(@class, 'abstract') or contains(@class, 'summary')]",
     f".//*[{has_class('c-span-last', 'c-span18')}]",
 )
 _LEAD_DATE = re.compile(r"^\s*(\S{6,12}日|\d{4}-\d{1,2}-\d{1,2}|\d+\s*\S{1,2}前)\s*-\s*")
