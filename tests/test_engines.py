@@ -402,3 +402,12 @@ def test_split_records_the_words_each_engine_searches() -> None:
     url = get_engine("baidu").page_url(baidu["keywords"], "cca.org.cn", 0)
     assert query(url)["wd"] == [fit_query(words, "cca.org.cn")]
     assert other["keywords"] == words  # no limit known: every word
+
+
+@pytest.mark.parametrize("expected", sorted(PAGES.glob("*weibo*.json")), ids=lambda p: p.stem)
+def test_both_weibo_engines_read_every_weibo_page_alike(expected: Path) -> None:
+    spec = json.loads(expected.read_text(encoding="utf-8"))
+    response = fixture_response(spec, expected.with_suffix(".html"))
+    sweibo, weibo = get_engine("sweibo"), get_engine("weibo")
+    assert sweibo.block_reason(response) == weibo.block_reason(response)
+    assert sweibo.parse(response) == weibo.parse(response)

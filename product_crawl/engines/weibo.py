@@ -121,7 +121,7 @@ class WeiboParser(Engine):
         return [*words, self.extra_word] if self.extra_word else list(words)
 
     def parse(self, response: TextResponse) -> ResultPage:
-        offset = (_page_number(response.url, self.page_param) - 1) * self.page_size
+        offset = _offset(response.url, ((self.page_param, self.page_size), *_PAGINATIONS))
         fragments = _fragments(response)
         results: list[Result] = []
         skipped: list[str] = []
@@ -166,6 +166,10 @@ class WeiboParser(Engine):
             if marker in text:
                 return f"block page ({marker!r} and no posts)"
         return None
+
+
+#: How each Weibo front end numbers its pages: s.weibo.com's ``page=`` (20 posts), Weibo.php's ``p=`` (10).
+_PAGINATIONS = (("page", 20), ("p", 10))
 
 
 class SWeiboEngine(WeiboParser):
@@ -247,10 +251,16 @@ def read_cookie_file(path: str) -> str:
     return cookies
 
 
-def _page_number(url: str, param: str) -> int:
-    """The 1-based page number in ``url`` (``param=N`` in the query, or in an old ``/weibo/<q>&page=N`` path)."""
-    m = re.search(rf"[?&]{param}=(\d+)", url)
-    return max(1, int(m[1])) if m else 1
+def _offset(url: str, paginations: Sequence[tuple[str, int]]) -> int:
+    """The offset of the first post on the page at ``url``: for the first ``(param, page size)`` whose
+    ``param=N`` (pages from 1) is in the URL's query or in an old ``/weibo/<q>&page=N`` path, ``(N-1) x page
+    size``; 0 when none is. Each engine tries its own numbering first, then the other's (s.weibo.com's ``page=``
+    always counts 20 posts a page), so either engine reads a page of the other."""
+    for param, size in paginations:
+        m = re.search(rf"[?&]{param}=(\d+)", url)
+        if m:
+            return (max(1, int(m[1])) - 1) * size
+    return 0
 
 
 def _fragments(response: TextResponse) -> list[Selector]:
