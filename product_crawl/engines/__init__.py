@@ -25,7 +25,7 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
-from urllib.parse import parse_qs, unquote, urlencode, urlsplit
+from urllib.parse import parse_qs, unquote, urlencode, urljoin, urlsplit
 
 from scrapy.http import Response, TextResponse
 from scrapy.settings import BaseSettings, Settings
@@ -264,13 +264,15 @@ def usable_url(response: TextResponse, candidates: Iterable[str | None]) -> str:
     """The first candidate that is a usable link, made absolute against ``response``; "" if none is.
 
     Unusable: empty, ``null``/``undefined``/``#``, ``javascript:`` and other non-HTTP schemes, and Baidu's
-    ``nourl`` placeholders.
+    ``nourl`` placeholders. A page read from a file (``scrapy parse-page`` without ``--url``) resolves
+    ``//host/...`` links as https and cannot resolve a bare path.
     """
+    on_web = urlsplit(response.url).scheme in ("http", "https")
     for candidate in candidates:
         value = (candidate or "").strip()
         if not value or value.lower() in _NOT_URLS or value.startswith("#"):
             continue
-        url = response.urljoin(value)
+        url = response.urljoin(value) if on_web else urljoin("https://", value) if value.startswith("//") else value
         parts = urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.hostname or parts.path.lower() in ("/null",
                                                                                                "/undefined"):
