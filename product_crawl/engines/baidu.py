@@ -250,7 +250,11 @@ def _parse_result(block: Selector, response: TextResponse, kind: str, offset: in
     log = _json_attr(block, "@data-log")
     # The first h3 with text: some cards (company information) open with an empty one.
     heading = next((h for h in block.xpath(".//h3") if clean_text(h.xpath(".//text()").getall())), None)
-    title = clean_text(heading.xpath(".//text()").getall()) if heading is not None else ""
+    title = ""
+    if heading is not None:
+        # The link's text, without labels beside it in the h3 ("官方", "保障"); the h3's text if unlinked.
+        texts = (clean_text(a.xpath(".//text()").getall()) for a in heading.xpath(".//a"))
+        title = next((t for t in texts if t), "") or clean_text(heading.xpath(".//text()").getall())
     if not title:
         title = clean_text(block.xpath(f"(.//*[{has_class('c-title', 't')}])[1]//text()").getall())
     if not title:
