@@ -53,7 +53,7 @@ _BAIDU_OWN = re.compile(r"^(?:(?:https?:)?//(?:www\.|m\.)?baidu\.com)?/s\?|cache
 # Text of verification pages (checked only on a page without results): the captcha host, its slider, the
 # "network is weak" notice it shows, the old vcode page.
 _BLOCK_TEXTS = ("wappass.baidu.com", "/static/captcha", "网络不给力", "请输入验证码", "请完成下方验证", "拖动下方滑块",
-                "滑动滑块", "异常的访问", "访问出错", "安全验证")
+                "滑动滑块", "异常的访问", "访问出错", "安全验证", "访问受限", "过于频繁", "异常流量")
 _AD_LABELS = ("广告", "推广链接", "商业推广", "品牌广告", "推广")
 
 # Blocks of #content_left: results and cards carry these classes; ads carry data-tuiguang, EC_/ec_ classes
@@ -146,7 +146,7 @@ class BaiduEngine(Engine):
             return None
         title = html_title(response)
         # A result page's title is "<query>_百度搜索": the query's own words never count.
-        for marker in ("安全验证", "验证码", "访问出错"):
+        for marker in ("安全验证", "验证码", "访问出错", "访问受限"):
             if marker in without_query(title, response.url):
                 return f"verification page (title {title!r})"
         if response.xpath(f"//div[@id='content_left'] | //*[self::div or self::table][{_BLOCK}]"):
