@@ -411,3 +411,22 @@ def test_both_weibo_engines_read_every_weibo_page_alike(expected: Path) -> None:
     sweibo, weibo = get_engine("sweibo"), get_engine("weibo")
     assert sweibo.block_reason(response) == weibo.block_reason(response)
     assert sweibo.parse(response) == weibo.parse(response)
+
+
+def test_search_spider_sends_the_engine_session_cookie_with_every_page() -> None:
+    from scrapy.utils.test import get_crawler
+
+    from product_crawl.spiders.search import SearchSpider
+    from scheduler_ext.models import Subtask
+
+    crawler = get_crawler(SearchSpider, {"PC_WEIBO_COOKIES": "SUB=abc; SUBP=def", "SCHEDEXT_NODE_ID": "n1"})
+    spider = SearchSpider.from_crawler(crawler)
+    st = Subtask(id="s", task="t", site="weibo.com", first_page=0, page_limit=2, time_limit=10,
+                 payload={"engine": "sweibo", "keywords": ["光明"]})
+    requests = list(spider.subtask_requests(st))
+    assert [query(r.url)["page"] for r in requests] == [["1"], ["2"]]
+    assert all(r.headers.get("Cookie") == b"SUB=abc; SUBP=def" for r in requests)
+    assert "SUB=abc" not in repr(requests[0])
+    baidu = Subtask(id="b", task="t", site="cca.org.cn", first_page=0, page_limit=1, time_limit=10,
+                    payload={"engine": "baidu", "keywords": ["光明"]})
+    assert [r.headers.get("Cookie") for r in spider.subtask_requests(baidu)] == [None]
