@@ -125,12 +125,18 @@ class WeiboParser(Engine):
         fragments = _fragments(response)
         results: list[Result] = []
         skipped: list[str] = []
+        seen: set[str] = set()
         for post in _posts(fragments):
             result = _parse_post(post, response, offset, len(results), self.page_size)
             if isinstance(result, str):
                 skipped.append(result)
-            else:
-                results.append(result)
+                continue
+            # A page saved from a browser holds the rendered posts and, still, the pagelet scripts they came from.
+            key = post.attrib.get("mid") or result.url
+            if key in seen:
+                continue
+            seen.add(key)
+            results.append(result)
         text = _text(fragments)
         pagers = [p for f in fragments for p in f.xpath(_PAGER)]
         has_next = any(p.xpath(f".//a[{has_class('next')} or contains(normalize-space(.), '下一页')]")
