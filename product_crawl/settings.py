@@ -27,8 +27,10 @@ PC_SERVICES_DIR = os.environ.get("PC_SERVICES_DIR", "var")  # pid files, logs an
 
 # --- engines ------------------------------------------------------------------------------------------------
 # Base URL per engine; the demo, the tests and the experiment point them at the simulated web.
-PC_ENGINE_BASE_URLS = {"baidu": "http://www.baidu.com", "weibo": "http://weibo.yunyun.com"}
+PC_ENGINE_BASE_URLS = {"baidu": "http://www.baidu.com", "weibo": "http://weibo.yunyun.com", "sweibo": "https://s.weibo.com"}
 PC_WEIBO_EXTRA_WORD = "投诉"
+PC_WEIBO_COOKIES = ""  # s.weibo.com session (Cookie header value); or PC_WEIBO_COOKIES_FILE, a file holding it
+PC_WEIBO_COOKIES_FILE = ""
 
 # --- scheduling -------------------------------------------------------------------------------------------------
 SCHEDEXT_SPLITTER = "product_crawl.tasks.splitter"

@@ -33,6 +33,8 @@ from scheduler_ext.exceptions import InvalidInput
 if TYPE_CHECKING:
     import jieba
 
+    from product_crawl.engines import Engine
+
 logger = logging.getLogger(__name__)
 
 VIRTUAL_TASK_VERSION = 1
@@ -466,37 +468,44 @@ def split(vt: VirtualTask, settings: Any = None) -> list[dict[str, Any]]:
          "payload": {"product": ..., "brand": ..., "keywords": [...], "keywords_joined": "光明&高钙&牛奶",
                      "engine": "baidu"}}
 
-    Every engine is looked up (:func:`product_crawl.engines.get_engine`, configured from ``settings``, None
-    for the defaults) and must serve the task's node type. Raises :class:`InvalidInput` naming the field if an
+    ``keywords`` are the words the engine actually searches (:meth:`~product_crawl.engines.Engine.query_words`):
+    all of them, except where Baidu's query limit would silently drop the last ones on that site (logged as a
+    warning). Every engine is looked up (:func:`product_crawl.engines.get_engine`, configured from ``settings``,
+    None for the defaults) and must serve the task's node type. Raises :class:`InvalidInput` naming the field if an
     engine is unknown or of another node type, or if the name gives no search words.
     """
-    for engine in vt.effective_engines:
-        check_engine(engine, vt.type, settings)
+    engines = {name: check_engine(name, vt.type, settings) for name in vt.effective_engines}
     words = vt.words()
     if not words:
         raise InvalidInput(f"name: no search words in {vt.name!r}")
-    joined = join_keywords(words)
-    return [
-        {
-            "group": vt.name,
-            "site": site,
-            "type": vt.type,
-            "priority": vt.priority,
-            "payload": {
-                "product": vt.name,
-                "brand": vt.brand,
-                "keywords": list(words),
-                "keywords_joined": joined,
-                "engine": engine,
-            },
-        }
-        for site in vt.effective_sites
-        for engine in vt.effective_engines
-    ]
+    specs = []
+    for site in vt.effective_sites:
+        for name, engine in engines.items():
+            # The words the engine can send: Baidu ignores what follows its query limit, so the task records
+            # only the words actually searched.
+            searched = engine.query_words(words, site)
+            if searched != words:
+                logger.warning("%s on %s: %s searches %s, not %s (its query length limit)", vt.name, site, name,
+                               join_keywords(searched), join_keywords(words))
+            specs.append({
+                "group": vt.name,
+                "site": site,
+                "type": vt.type,
+                "priority": vt.priority,
+                "payload": {
+                    "product": vt.name,
+                    "brand": vt.brand,
+                    "keywords": list(searched),
+                    "keywords_joined": join_keywords(searched),
+                    "engine": name,
+                },
+            })
+    return specs
 
 
-def check_engine(name: str, node_type: int, settings: Any = None) -> None:
-    """Raise :class:`InvalidInput` unless ``name`` is a known engine serving ``node_type``."""
+def check_engine(name: str, node_type: int, settings: Any = None) -> Engine:
+    """The engine ``name`` configured from ``settings``; raises :class:`InvalidInput` unless it is a known engine
+    serving ``node_type``."""
     from product_crawl.engines import get_engine  # imports Scrapy's HTTP stack: only when splitting
 
     try:
@@ -509,6 +518,7 @@ def check_engine(name: str, node_type: int, settings: Any = None) -> None:
             f"engines: {name!r} serves node type {engine.node_type}, but the task's type is {node_type}; "
             f"type {node_type} uses engines like {', '.join(DEFAULT_ENGINES[node_type])}"
         )
+    return engine
 
 
 def splitter(raw: str | bytes) -> list[dict[str, Any]]:

@@ -4,7 +4,11 @@ simulated web."""
 
 from __future__ import annotations
 
+import json
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from threading import Thread
+from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 import pytest
@@ -12,7 +16,7 @@ from scrapy.http import HtmlResponse
 from scrapy.settings import Settings
 
 from product_crawl.engines import Engine, Result, ResultPage, get_engine, normalize_date
-from product_crawl.engines.baidu import BaiduEngine
+from product_crawl.engines.baidu import BaiduEngine, fit_query
 from product_crawl.engines.weibo import WeiboEngine
 
 PAGES = Path(__file__).parent / "pages"
@@ -30,11 +34,12 @@ def query(url: str) -> dict[str, list[str]]:
 # --- URLs (Table 3) -----------------------------------------------------------------------------------------
 
 
-def test_baidu_url_is_table_3():
+def test_baidu_url_is_table_3_with_site_first():
     url = get_engine("baidu").page_url(WORDS, "cca.org.cn", 0)
     parts = urlsplit(url)
     assert (parts.scheme, parts.netloc, parts.path) == ("http", "www.baidu.com", "/s")
-    assert query(url) == {"wd": ["光明 高钙 牛奶 site:cca.org.cn"], "pn": ["0"], "cl": ["0"], "ie": ["utf-8"]}
+    # site: goes first, so that Baidu's query limit can never cut it off.
+    assert query(url) == {"wd": ["site:cca.org.cn 光明 高钙 牛奶"], "pn": ["0"], "cl": ["0"], "ie": ["utf-8"]}
     assert [k for k, _ in (p.split("=", 1) for p in parts.query.split("&"))] == ["wd", "pn", "cl", "ie"]
 
 
@@ -85,7 +90,7 @@ def test_engine_types_and_page_arithmetic():
 
 
 def test_get_engine_unknown_names_the_engine():
-    with pytest.raises(ValueError, match=r"unknown engine 'google'.*baidu, weibo"):
+    with pytest.raises(ValueError, match=r"unknown engine 'google'.*baidu, sweibo, weibo"):
         get_engine("google")
     with pytest.raises(ValueError, match="no_such_module"):
         get_engine("no_such_module.Engine")
@@ -197,3 +202,231 @@ def test_normalize_date():
     assert normalize_date("2013年5月2日 ") == "2013-05-02"
     assert normalize_date("  ") is None
     assert normalize_date(None) is None
+
+
+# --- fixtures after every real layout (tests/pages/*.json: the page, its URL and what it must parse to) ------
+
+
+def fixture_response(spec: dict[str, Any], html: Path) -> HtmlResponse:
+    # No encoding given: the page's own <meta charset> must be honoured (some fixtures are GBK).
+    return HtmlResponse(url=spec["url"], status=spec.get("status", 200), headers=spec.get("headers"),
+                        body=html.read_bytes())
+
+
+@pytest.mark.parametrize("expected", sorted(PAGES.glob("*.json")), ids=lambda p: p.stem)
+def test_engine_reads_real_layout(expected: Path) -> None:
+    spec = json.loads(expected.read_text(encoding="utf-8"))
+    engine = get_engine(spec["engine"])
+    response = fixture_response(spec, expected.with_suffix(".html"))
+    reason = engine.block_reason(response)
+    if spec["blocked"]:
+        assert reason is not None and spec["blocked"] in reason, reason
+        return
+    assert reason is None
+    page = engine.parse(response)
+    if spec["problem"]:
+        assert spec["problem"] in page.problem
+    else:
+        assert page.problem == ""
+    assert (page.reported, page.has_next) == (spec["reported"], spec["has_next"])
+    got = [{"rank": r.rank, "title": r.title, "url": r.url, "date": r.date, "kind": r.kind,
+            **({"snippet": r.snippet} if "snippet" in want else {})}
+           for r, want in zip(page.results, spec["results"], strict=False)]
+    assert got == spec["results"]
+    assert len(page.results) == len(spec["results"])
+
+
+def test_every_fixture_page_has_its_expectations() -> None:
+    assert {p.stem for p in PAGES.glob("*.html")} - {p.stem for p in PAGES.glob("*.json")} <= {
+        "baidu_old", "baidu_new", "baidu_last", "weibo"}  # checked field by field above
+
+
+def test_baidu_skips_ads_hidden_blocks_and_empty_widgets_and_says_why() -> None:
+    spec = json.loads((PAGES / "baidu_2015_gbk.json").read_text(encoding="utf-8"))
+    page = get_engine("baidu").parse(fixture_response(spec, PAGES / "baidu_2015_gbk.html"))
+    assert [s.split(":")[0] for s in page.skipped] == ['ad <div id="3001">', "hidden <div id=\"24\" srcid=\"1599\">",
+                                                       'ad <div id="5001">']
+    spec = json.loads((PAGES / "baidu_2017.json").read_text(encoding="utf-8"))
+    page = get_engine("baidu").parse(fixture_response(spec, PAGES / "baidu_2017.html"))
+    assert any("data-tuiguang" in s for s in page.skipped)
+    assert any("calculator_html" in s and "no title" in s for s in page.skipped)
+
+
+def test_block_markers_never_come_from_the_query() -> None:
+    # A product named like a block notice still gets its result and no-result pages read as such.
+    html = (PAGES / "baidu_2021.html").read_text(encoding="utf-8").replace("<title>site:315tousu.org 光明 牛奶",
+                                                                         "<title>site:315tousu.org 验证码 牛奶")
+    url = "https://www.baidu.com/s?wd=site%3A315tousu.org+%E9%AA%8C%E8%AF%81%E7%A0%81+%E7%89%9B%E5%A5%B6&pn=10"
+    assert get_engine("baidu").block_reason(HtmlResponse(url=url, body=html, encoding="utf-8")) is None
+
+
+# --- queries -------------------------------------------------------------------------------------------------
+
+
+def test_baidu_query_fits_the_limit_with_site_first() -> None:
+    words = ["雀巢", "中老年", "高钙", "低脂", "无糖", "营养", "配方", "奶粉", "罐装", "进口", "原装", "正品", "特价"]
+    query = fit_query(words, "cca.org.cn")
+    assert query.startswith("site:cca.org.cn ") and sum(1 if ord(c) < 128 else 2 for c in query) <= 76
+    assert query.split()[1:] == words[: len(query.split()) - 1]  # whole words, in order, the last ones dropped
+    wd = parse_qs(urlsplit(get_engine("baidu").page_url(words, "cca.org.cn", 0)).query)["wd"][0]
+    assert wd == query
+
+
+def test_sweibo_url_page_offsets_and_arithmetic() -> None:
+    engine = get_engine("sweibo")
+    url = engine.page_url(WORDS, "weibo.com", 0)
+    parts = urlsplit(url)
+    assert (parts.scheme, parts.netloc, parts.path) == ("https", "s.weibo.com", "/weibo")
+    assert query(url) == {"q": ["光明 高钙 牛奶 投诉"], "page": ["1"]}
+    assert query(engine.page_url(WORDS, "weibo.com", 9))["page"] == ["10"]
+    assert (engine.node_type, engine.page_size) == (1, 20)
+    assert [engine.offered(45, p) for p in range(4)] == [20, 20, 5, 0]
+    assert engine.pages_for(100_000) == 50  # s.weibo.com links 50 pages at most
+
+
+def test_sweibo_session_cookies_from_setting_or_file_are_sent_never_shown(tmp_path: Path) -> None:
+    secret = "SUB=_2A25secret; SUBP=0033WrSX"
+    engine = get_engine("sweibo", {"PC_WEIBO_COOKIES": secret})
+    assert engine.request_headers() == {"Cookie": secret}
+    assert "secret" not in repr(engine)
+    assert get_engine("sweibo").request_headers() == {}
+    header_file = tmp_path / "cookie.txt"
+    header_file.write_text(f"Cookie: {secret}\n", encoding="utf-8")
+    assert get_engine("sweibo", {"PC_WEIBO_COOKIES_FILE": str(header_file)}).request_headers() == {"Cookie": secret}
+    jar = tmp_path / "cookies.txt"
+    jar.write_text("# Netscape HTTP Cookie File\n.weibo.com\tTRUE\t/\tTRUE\t0\tSUB\t_2A25secret\n"
+                   ".example.com\tTRUE\t/\tFALSE\t0\tOTHER\tx\n", encoding="utf-8")
+    assert get_engine("sweibo", {"PC_WEIBO_COOKIES_FILE": str(jar)}).request_headers() == {"Cookie": "SUB=_2A25secret"}
+    bad = tmp_path / "bad.txt"
+    bad.write_text("secret-without-equals\n", encoding="utf-8")
+    with pytest.raises(ValueError, match="PC_WEIBO_COOKIES_FILE") as error:
+        get_engine("sweibo", {"PC_WEIBO_COOKIES_FILE": str(bad)})
+    assert "secret-without" not in str(error.value)
+    with pytest.raises(ValueError, match="cannot read"):
+        get_engine("sweibo", {"PC_WEIBO_COOKIES_FILE": str(tmp_path / "missing")})
+    with pytest.raises(ValueError, match="line break"):
+        get_engine("sweibo", {"PC_WEIBO_COOKIES": "SUB=x\r\nX-Injected: 1"})
+
+
+def test_normalize_date_takes_only_dates() -> None:
+    assert [normalize_date(t) for t in ("int./n.", "n.", "中国质量投诉网", "12315", "2015-13-45")] == [None] * 5
+    assert normalize_date("www.cca.org.cn/zxsd/2014/1103.html 2014-11-3 ") == "2014-11-03"
+    assert normalize_date("回答时间：2014年5月3日") == "2014-05-03"
+    assert [normalize_date(t) for t in ("5分钟前", "今天 10:05", "3月12日 10:22", "半小时前", "刚刚")] == [
+        "5分钟前", "今天 10:05", "3月12日 10:22", "半小时前", "刚刚"]
+
+
+# --- a node on pages like these (real Scrapy process, Redis, MongoDB, an HTTP server on loopback) -----------
+
+
+class _SavedBaidu(BaseHTTPRequestHandler):
+    """Serves saved pages by ``pn``: a page of results, a suspicious page, another page of results."""
+
+    pages = {"0": "baidu_2017.html", "10": "baidu_suspicious.html", "20": "baidu_2021.html"}
+
+    def do_GET(self) -> None:  # noqa: N802 (the name http.server calls)
+        pn = parse_qs(urlsplit(self.path).query).get("pn", ["0"])[0]
+        body = (PAGES / self.pages.get(pn, "baidu_none.html")).read_bytes()
+        self.send_response(200)
+        self.send_header("Content-Type", "text/html; charset=utf-8")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+def test_suspicious_page_fails_the_page_instead_of_ending_the_task(cluster: Any) -> None:
+    from scheduler_ext.models import Report, Subtask
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _SavedBaidu)
+    Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        cluster.settings["PC_ENGINE_BASE_URLS"] = {"baidu": f"http://127.0.0.1:{server.server_address[1]}"}
+        st = Subtask(id="s1", task="t1", group="蒙牛特仑苏", site="12315.com", first_page=0, page_limit=3,
+                     time_limit=30, payload={"engine": "baidu", "keywords": ["蒙牛", "特仑苏"],
+                                             "keywords_joined": "蒙牛&特仑苏", "product": "蒙牛特仑苏"})
+        cluster.redis.lpush(cluster.store.keys.crawl("node1"), st.to_json())
+        from product_crawl.cluster import NodeSpec
+
+        assert cluster.start_node(NodeSpec("node1", "127.0.0.2"), SCHEDEXT_IDLE_CLOSE=1).wait(60) == 0
+    finally:
+        server.shutdown()
+        server.server_close()
+    # Not "done, end of results at page 1": failed with the reason, so the control recalls pages 1-2.
+    assert not cluster.redis.llen(cluster.store.keys.sleeping)
+    [raw] = cluster.redis.lrange(cluster.store.keys.failed, 0, -1)
+    report = Report.from_json(raw)
+    assert report.outcome == "failed" and "suspicious page" in report.reason and not report.exhausted
+    assert report.next_page == 1 and report.reported in (85, 1020)
+    assert cluster.items() == report.collected >= 4  # page 0's four results are stored
+
+
+def test_parse_page_command_shows_a_saved_page_parse_and_verdict(tmp_path: Path) -> None:
+    from conftest import run_scrapy
+
+    url = "http://www.baidu.com/s?wd=site%3Acca.org.cn+%E5%85%89%E6%98%8E&pn=20&ie=utf-8"
+    out = run_scrapy(["parse-page", str(PAGES / "baidu_2015_gbk.html"), "--engine", "baidu", "--url", url])
+    assert out.returncode == 0, out.stderr
+    shown = json.loads(out.stdout)
+    # The page declares GBK; w3lib decodes it as its superset GB18030.
+    assert (shown["verdict"], shown["encoding"], shown["reported"]) == ("more pages", "gb18030", 2460)
+    assert [r["rank"] for r in shown["results"]] == [21, 22, 23, 24]
+    assert shown["results"][2]["kind"] == "card" and len(shown["skipped"]) == 3
+    blocked = run_scrapy(["parse_page", str(PAGES / "sweibo_limited.html"), "--engine", "sweibo"])
+    assert blocked.returncode == 0 and json.loads(blocked.stdout)["verdict"] == "blocked"
+    failed = run_scrapy(["parse_page", str(PAGES / "sweibo_suspicious.html"), "--engine", "sweibo"])
+    assert json.loads(failed.stdout)["verdict"] == "failed"
+    missing = run_scrapy(["parse_page", str(tmp_path / "nothing.html")])
+    assert missing.returncode == 2 and "nothing.html" in missing.stderr and "cannot read" in missing.stderr
+
+
+class _NoLimitEngine(Engine):
+    """A type-0 engine without a query limit."""
+
+    name = "nolimit"
+    default_base_url = "http://search.local"
+
+
+def test_split_records_the_words_each_engine_searches() -> None:
+    from product_crawl.tasks import parse_virtual_task, split
+
+    words = ["雀巢", "中老年", "高钙", "低脂", "无糖", "营养", "配方", "奶粉", "罐装", "进口", "原装", "正品", "特价"]
+    specs = split(parse_virtual_task({"name": "雀巢中老年奶粉", "keywords": words, "sites": ["cca.org.cn"],
+                                      "engines": ["baidu", f"{__name__}._NoLimitEngine"]}))
+    assert [s["payload"]["engine"] for s in specs] == ["baidu", f"{__name__}._NoLimitEngine"]
+    baidu, other = (s["payload"] for s in specs)
+    assert baidu["keywords"] == fit_query(words, "cca.org.cn").split()[1:] and len(baidu["keywords"]) < len(words)
+    assert baidu["keywords_joined"] == "&".join(baidu["keywords"])
+    url = get_engine("baidu").page_url(baidu["keywords"], "cca.org.cn", 0)
+    assert query(url)["wd"] == [fit_query(words, "cca.org.cn")]
+    assert other["keywords"] == words  # no limit known: every word
+
+
+@pytest.mark.parametrize("expected", sorted(PAGES.glob("*weibo*.json")), ids=lambda p: p.stem)
+def test_both_weibo_engines_read_every_weibo_page_alike(expected: Path) -> None:
+    spec = json.loads(expected.read_text(encoding="utf-8"))
+    response = fixture_response(spec, expected.with_suffix(".html"))
+    sweibo, weibo = get_engine("sweibo"), get_engine("weibo")
+    assert sweibo.block_reason(response) == weibo.block_reason(response)
+    assert sweibo.parse(response) == weibo.parse(response)
+
+
+def test_search_spider_sends_the_engine_session_cookie_with_every_page() -> None:
+    from scrapy.utils.test import get_crawler
+
+    from product_crawl.spiders.search import SearchSpider
+    from scheduler_ext.models import Subtask
+
+    crawler = get_crawler(SearchSpider, {"PC_WEIBO_COOKIES": "SUB=abc; SUBP=def", "SCHEDEXT_NODE_ID": "n1"})
+    spider = SearchSpider.from_crawler(crawler)
+    st = Subtask(id="s", task="t", site="weibo.com", first_page=0, page_limit=2, time_limit=10,
+                 payload={"engine": "sweibo", "keywords": ["光明"]})
+    requests = list(spider.subtask_requests(st))
+    assert [query(r.url)["page"] for r in requests] == [["1"], ["2"]]
+    assert all(r.headers.get("Cookie") == b"SUB=abc; SUBP=def" for r in requests)
+    assert "SUB=abc" not in repr(requests[0])
+    baidu = Subtask(id="b", task="t", site="cca.org.cn", first_page=0, page_limit=1, time_limit=10,
+                    payload={"engine": "baidu", "keywords": ["光明"]})
+    assert [r.headers.get("Cookie") for r in spider.subtask_requests(baidu)] == [None]

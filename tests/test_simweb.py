@@ -175,10 +175,10 @@ def test_truth_and_counters(simweb: str, engines: dict[str, Engine]):
     assert truth["profile"]["nodes"][NODE1]["label"] == "node1"
     assert truth["profile"]["corpus"] == {"min": 25, "max": 45}
     assert truth["seed"] == 7 and truth["elapsed"] >= 0 and truth["started_at"] <= time.time()
-    entry = next(e for e in truth["corpus"] if e["query"] == "蒙牛 特仑苏 site:12315.com")
+    entry = next(e for e in truth["corpus"] if e["query"] == "site:12315.com 蒙牛 特仑苏")
     assert entry == {
         "engine": "baidu",
-        "query": "蒙牛 特仑苏 site:12315.com",
+        "query": "site:12315.com 蒙牛 特仑苏",
         "words": ["蒙牛", "特仑苏"],
         "site": "12315.com",
         "total": corpus_size(["蒙牛", "特仑苏"], "12315.com", 7, 25, 45),

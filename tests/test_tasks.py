@@ -342,7 +342,7 @@ def test_split_command_baidu() -> None:
     url = urlsplit(task["url"])
     query = parse_qs(url.query)
     assert (url.hostname, url.path) == ("www.baidu.com", "/s")
-    assert query["wd"] == ["光明 高钙 牛奶 site:cca.org.cn"]
+    assert query["wd"] == ["site:cca.org.cn 光明 高钙 牛奶"]
     assert query["pn"] == ["0"]
 
 

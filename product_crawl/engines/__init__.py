@@ -9,7 +9,12 @@ dotted path of an :class:`Engine` subclass, through :func:`get_engine`, which al
     :data:`DEFAULT_BASE_URLS` and then to the class's ``default_base_url``. The demo, the tests and the
     experiment point these at the simulated web (:mod:`product_crawl.simweb`).
 ``PC_WEIBO_EXTRA_WORD``
-    str, the word the Weibo engine adds to every query (default ``"投诉"``, "complaint"); empty adds nothing.
+    str, the word the Weibo engines add to every query (default ``"投诉"``, "complaint"); empty adds nothing.
+``PC_WEIBO_COOKIES`` / ``PC_WEIBO_COOKIES_FILE``
+    str, the session cookies of a logged-in Weibo account for the ``sweibo`` engine (s.weibo.com): the value
+    of a ``Cookie`` header, or the path of a file holding one (or a Netscape ``cookies.txt``). Never logged.
+
+docs/engines.md lists the page layouts each parser reads and what counts as a block page.
 """
 
 from __future__ import annotations
@@ -17,10 +22,10 @@ from __future__ import annotations
 import functools
 import math
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
-from urllib.parse import urlencode, urlsplit
+from urllib.parse import parse_qs, unquote, urlencode, urljoin, urlsplit
 
 from scrapy.http import Response, TextResponse
 from scrapy.settings import BaseSettings, Settings
@@ -31,6 +36,7 @@ __all__ = [
     "DEFAULT_WEIBO_EXTRA_WORD",
     "ENGINES",
     "Engine",
+    "PageProblem",
     "Result",
     "ResultPage",
     "get_engine",
@@ -41,13 +47,23 @@ __all__ = [
 ENGINES: dict[str, str] = {
     "baidu": "product_crawl.engines.baidu.BaiduEngine",
     "weibo": "product_crawl.engines.weibo.WeiboEngine",
+    "sweibo": "product_crawl.engines.weibo.SWeiboEngine",
 }
 
 #: Defaults of ``PC_ENGINE_BASE_URLS`` (the real engines of the paper's Table 3).
-DEFAULT_BASE_URLS: dict[str, str] = {"baidu": "http://www.baidu.com", "weibo": "http://weibo.yunyun.com"}
+DEFAULT_BASE_URLS: dict[str, str] = {
+    "baidu": "http://www.baidu.com",
+    "weibo": "http://weibo.yunyun.com",
+    "sweibo": "https://s.weibo.com",
+}
 
 #: Default of ``PC_WEIBO_EXTRA_WORD``.
 DEFAULT_WEIBO_EXTRA_WORD = "投诉"
+
+
+class PageProblem(Exception):
+    """Raised if a result page cannot be trusted (:attr:`ResultPage.problem`): the page fails with the reason
+    instead of ending the results."""
 
 
 @dataclass(frozen=True)
@@ -56,8 +72,10 @@ class Result:
 
     ``rank`` is the 1-based position in the engine's whole result list (not on the page), so that results
     from different pages, or served partially, can be told apart and counted once.
-    ``date`` is ``YYYY-MM-DD`` when the engine shows an absolute date, the text as shown otherwise
-    (e.g. ``3天前``), or None.
+    ``date`` is ``YYYY-MM-DD`` when the engine shows an absolute date, the relative date as shown otherwise
+    (e.g. ``3天前``, ``昨天 10:05``, ``3月12日 10:00``), or None; text that is not a date is never taken for one.
+    ``kind`` says what the engine made of it: ``organic`` (a plain web result, a post), or ``card`` (one of
+    the engine's own answer boxes: Zhidao, Baike, news, video); ads are never results.
     """
 
     title: str
@@ -65,16 +83,26 @@ class Result:
     snippet: str
     date: str | None
     rank: int
+    kind: str = "organic"
 
 
 @dataclass(frozen=True)
 class ResultPage:
-    """What one result page says: its results, the engine-reported total (None if not shown) and whether
-    the engine links a next page."""
+    """What one result page says: its results, the engine-reported total (None if not shown or shown without
+    a number) and whether the engine links a next page.
+
+    ``problem`` is empty for a page that can be trusted; otherwise it says why the page cannot be (a page
+    with no results, no "no results" sentence and no page links; a query the engine truncated), and the
+    spider fails the page with it instead of taking the page for the end of the results. ``skipped`` lists
+    what the parser saw and left out, and why (ads, hidden blocks, empty widgets): ``scrapy parse_page``
+    shows it.
+    """
 
     results: list[Result]
     reported: int | None
     has_next: bool
+    problem: str = ""
+    skipped: tuple[str, ...] = ()
 
 
 class Engine:
@@ -110,15 +138,29 @@ class Engine:
         """URL of result page ``page`` (0-based) of the search for ``words`` restricted to ``site``."""
         raise NotImplementedError
 
+    def query_words(self, words: Sequence[str], site: str) -> list[str]:
+        """The leading ``words`` this engine can send in one query on ``site`` (all of them by default)."""
+        return list(words)
+
     def parse(self, response: TextResponse) -> ResultPage:
         """Results, reported count and next-page flag of one result page. A page past the end of the
-        results parses to no results and ``has_next=False``; it is not an error."""
+        results parses to no results and ``has_next=False``; it is not an error. A page that cannot be told
+        from a broken one gets a ``problem`` (see :class:`ResultPage`)."""
         raise NotImplementedError
 
+    def request_headers(self) -> dict[str, str]:
+        """Extra headers of every result-page request (e.g. a session cookie); none by default."""
+        return {}
+
+    def block_reason(self, response: Response) -> str | None:
+        """Why ``response`` is a block page (captcha, visitor system, login wall, access limited, account
+        abnormal, busy) rather than results, or None. Engines serve most of these with status 200, some as a
+        redirect. The base implementation knows no patterns."""
+        return None
+
     def is_blocked(self, response: Response) -> bool:
-        """True if ``response`` is a verification (captcha) page rather than results, which engines serve
-        with status 200. The base implementation knows no patterns."""
-        return False
+        """True if :meth:`block_reason` finds a reason."""
+        return self.block_reason(response) is not None
 
     def offered(self, reported: int, page: int) -> int:
         """How many results the engine should show on page ``page`` (0-based) for ``reported`` results.
@@ -171,7 +213,14 @@ def get_engine(name_or_path: str, settings: BaseSettings | Mapping[str, Any] | N
     return cls(base_url, **cls.options_from_settings(settings))
 
 
-_YMD = re.compile(r"(\d{4})\s*[-年/.]\s*(\d{1,2})\s*[-月/.]\s*(\d{1,2})")
+_YMD = re.compile(r"((?:19|20)\d\d)\s*[-年/.]\s*(\d{1,2})\s*[-月/.]\s*(\d{1,2})(?!\d)")
+_TIME = r"(?:\s*\d{1,2}:\d{2})?"
+# Relative dates as the engines show them: "3天前", "5分钟前", "半小时前", "刚刚", "昨天 10:05", and Weibo's
+# "3月12日 10:00" (this year's dates, shown without the year).
+_RELATIVE = re.compile(
+    rf"(?:\d+|半|一|两|几)\s*(?:秒|分钟|小时|天|周|星期|个月|月|年)前|刚刚|(?:今天|昨天|前天){_TIME}"
+    rf"|(?<!\d)\d{{1,2}}月\d{{1,2}}日{_TIME}"
+)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -185,27 +234,108 @@ def encode_param(name: str, value: str) -> str:
 
 
 def normalize_date(text: str | None) -> str | None:
-    """``YYYY-MM-DD`` for an absolute date as engines show it, the stripped text otherwise, None if empty.
+    """The date in ``text``: ``YYYY-MM-DD`` for an absolute date, the relative date as shown, None if the
+    text holds no date (a grey label such as ``int./n.`` is not one).
 
     >>> normalize_date("2013-5-12\\xa0-\\xa0")
     '2013-05-12'
-    >>> normalize_date(" 2013年5月2日 ")
+    >>> normalize_date(" 回答时间：2013年5月2日 ")
     '2013-05-02'
     >>> normalize_date("3天前 - ")
     '3天前'
+    >>> normalize_date("昨天  10:05 来自 iPhone")
+    '昨天 10:05'
+    >>> normalize_date("int./n.") is None
+    True
     """
-    if text is None:
+    if not text:
         return None
+    text = " ".join(text.replace("\xa0", " ").split())
     m = _YMD.search(text)
     if m:
-        return f"{int(m[1]):04d}-{int(m[2]):02d}-{int(m[3]):02d}"
-    cleaned = text.replace("\xa0", " ").strip().rstrip("-").strip()
-    return cleaned or None
+        year, month, day = int(m[1]), int(m[2]), int(m[3])
+        if 1 <= month <= 12 and 1 <= day <= 31:
+            return f"{year:04d}-{month:02d}-{day:02d}"
+    m = _RELATIVE.search(text)
+    return " ".join(m[0].split()) if m else None
+
+
+def usable_url(response: TextResponse, candidates: Iterable[str | None]) -> str:
+    """The first candidate that is a usable link, made absolute against ``response``; "" if none is.
+
+    Unusable: empty, ``null``/``undefined``/``#``, ``javascript:`` and other non-HTTP schemes, and Baidu's
+    ``nourl`` placeholders. A page read from a file (``scrapy parse-page`` without ``--url``) resolves
+    ``//host/...`` links as https and cannot resolve a bare path.
+    """
+    on_web = urlsplit(response.url).scheme in ("http", "https")
+    for candidate in candidates:
+        value = (candidate or "").strip()
+        if not value or value.lower() in _NOT_URLS or value.startswith("#"):
+            continue
+        url = response.urljoin(value) if on_web else urljoin("https://", value) if value.startswith("//") else value
+        parts = urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.hostname or parts.path.lower() in ("/null",
+                                                                                               "/undefined"):
+            continue
+        if parts.hostname.startswith("nourl."):
+            continue
+        return url
+    return ""
+
+
+_NOT_URLS = {"null", "none", "undefined", "about:blank"}
+
+
+def redirect_target(response: Response) -> str:
+    """Where a 3xx ``response`` redirects to (absolute), "" for any other response."""
+    if not 300 <= response.status < 400:
+        return ""
+    location = response.headers.get(b"Location")
+    if not location:
+        return ""
+    return response.urljoin(location.decode("latin-1"))
+
+
+def html_title(response: Response) -> str:
+    """The page's ``<title>``, whitespace collapsed; "" for a response that is not text."""
+    if not isinstance(response, TextResponse):
+        return ""
+    return response.xpath("normalize-space(//title)").get() or ""
+
+
+def without_query(text: str, url: str) -> str:
+    """``text`` without the words of the query in ``url`` (``wd``, ``q`` or an old Weibo ``/weibo/<query>``
+    path), so that a page is never judged by words the user searched for (a product may be called anything).
+    """
+    parts = urlsplit(url)
+    args = parse_qs(parts.query)
+    queries = [*args.get("wd", []), *args.get("q", [])]
+    if parts.path.startswith("/weibo/"):
+        queries.append(unquote(unquote(parts.path[len("/weibo/"):])))
+    for query in queries:
+        for word in sorted(re.split(r"[\s&]+", query), key=len, reverse=True):
+            if word:
+                text = text.replace(word, " ")
+    return text
+
+
+def check_page(results: Sequence[Result], has_next: bool, said_none: bool, has_pager: bool, url: str) -> str:
+    """The problem of a page that has no results, no "no results" sentence and no page links: it looks like
+    the end of the results but may be a block page nobody has seen yet, or a broken one. "" otherwise."""
+    if results or has_next or said_none or has_pager:
+        return ""
+    return f"suspicious page: no results, no 'no results' sentence and no page links at {url}"
+
+
+def has_class(*names: str) -> str:
+    """An XPath predicate (in parentheses): the element's class list holds one of ``names``."""
+    return "(" + " or ".join(f"contains(concat(' ', normalize-space(@class), ' '), ' {n} ')" for n in names) + ")"
 
 
 def clean_text(parts: Sequence[str]) -> str:
-    """Text nodes joined, with runs of whitespace (including non-breaking spaces) collapsed."""
-    return " ".join("".join(parts).replace("\xa0", " ").split())
+    """Text nodes joined, with runs of whitespace (including non-breaking spaces) collapsed and zero-width
+    characters (Weibo pads posts with them) removed."""
+    return " ".join("".join(parts).replace("\xa0", " ").replace("\u200b", "").replace("\ufeff", "").split())
 
 
 def parse_count(text: str, pattern: re.Pattern[str]) -> int | None:

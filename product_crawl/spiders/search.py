@@ -15,7 +15,7 @@ from typing import Any
 from scrapy import Request, Spider
 from scrapy.http import Response, TextResponse
 
-from product_crawl.engines import Engine, get_engine
+from product_crawl.engines import Engine, PageProblem, get_engine
 from product_crawl.items import SearchResultItem
 from scheduler_ext.models import Subtask
 from scheduler_ext.scheduler import node_identity
@@ -67,9 +67,11 @@ class SearchSpider(Spider):
         words = subtask.payload.get("keywords")
         if not isinstance(words, list) or not words or not all(isinstance(w, str) and w for w in words):
             raise ValueError(f"payload.keywords: expected a non-empty list of words, got {words!r}")
+        headers = engine.request_headers() or None  # e.g. a Weibo session cookie
         for page in range(subtask.first_page, subtask.first_page + subtask.page_limit):
             yield Request(engine.page_url(words, subtask.site, page), callback=self.parse_results,
-                          cb_kwargs={"subtask": subtask}, meta={META_PAGE: page}, dont_filter=True)
+                          cb_kwargs={"subtask": subtask}, meta={META_PAGE: page}, dont_filter=True,
+                          headers=headers)
 
     def is_blocked(self, response: Response, subtask: Subtask) -> bool:
         return self.engine(subtask).is_blocked(response)
@@ -78,6 +80,10 @@ class SearchSpider(Spider):
         engine = self.engine(subtask)
         page = response.meta[META_PAGE]
         result = engine.parse(response)
+        if result.problem:
+            # Not the end of the results: the page fails (the subtask middleware reports the reason) and the
+            # control recalls the rest of the subtask.
+            raise PageProblem(result.problem)
         if result.reported is not None:
             response.meta[META_REPORTED] = result.reported
             response.meta[META_OFFERED] = engine.offered(result.reported, page)
