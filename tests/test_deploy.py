@@ -1,0 +1,167 @@
+"""``scrapy cluster`` against a real scrapyd daemon, started the way docs/deploy.md tells an operator to.
+
+The daemon runs on loopback with HTTP basic auth on a free port, from its own ``scrapyd.conf`` (SqliteJobStorage,
+``max_proc`` for every long-running job), with ``REDIS_URL`` and ``MONGO_URI`` in its environment. Its Python has
+the project's dependencies but not the project: the jobs run the uploaded egg, as on a crawl machine.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import sysconfig
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import requests
+from conftest import FAST_PROFILE, run_scrapy
+from test_cluster import all_done, assert_no_duplicates
+
+from product_crawl.cluster import LocalCluster
+from product_crawl.deploy.scrapyd import write_scrapyd_config
+from product_crawl.services import free_port, generate_password
+from product_crawl.simweb.corpus import corpus_size
+from product_crawl.tasks import keywords_for
+
+USER = "pc-operator"
+
+
+@pytest.fixture
+def scrapyd(tmp_path: Path, redis_url: str, mongo_uri: str) -> Iterator[dict[str, Any]]:
+    """A scrapyd daemon with credentials; every process it started is gone afterwards, even on failure."""
+    home = tmp_path / "scrapyd"
+    env_dir = tmp_path / "scrapyd-env"
+    # A Python environment with the dependencies only: the project itself comes from the egg.
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(env_dir)], check=True)
+    python = env_dir / "bin" / "python"
+    purelib = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                             check=True, capture_output=True, text=True).stdout.strip()
+    Path(purelib, "deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    port, password = free_port(), generate_password()
+    conf = write_scrapyd_config(home / "scrapyd.conf", port=port, username=USER, password=password, max_proc=8,
+                                poll_interval=0.2)
+    assert conf.stat().st_mode & 0o777 == 0o600
+    env = {k: v for k, v in os.environ.items() if k not in ("REDIS_URL", "MONGO_URI")}
+    env.update(REDIS_URL=redis_url, MONGO_URI=mongo_uri, PYTHONUNBUFFERED="1")
+    with open(tmp_path / "scrapyd.log", "wb") as log:
+        proc = subprocess.Popen([str(python), "-m", "scrapyd"], cwd=home, env=env, stdout=log,
+                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                if requests.get(f"{url}/daemonstatus.json", auth=(USER, password), timeout=2).ok:
+                    break
+            except requests.ConnectionError:
+                pass
+            assert proc.poll() is None and time.monotonic() < deadline, (tmp_path / "scrapyd.log").read_text()
+            time.sleep(0.2)
+        yield {"url": url, "password": password, "home": home, "port": port}
+    finally:
+        # Jobs share scrapyd's process group: end them all, politely first.
+        for sig, wait in ((signal.SIGTERM, 15), (signal.SIGKILL, 5)):
+            try:
+                os.killpg(proc.pid, sig)
+            except ProcessLookupError:
+                break
+            try:
+                proc.wait(wait)
+                time.sleep(0.5)  # jobs may outlive the daemon for a moment
+            except subprocess.TimeoutExpired:
+                pass
+
+
+def operator_env(tmp_path: Path, cluster: LocalCluster, scrapyd: dict[str, Any], password: str) -> dict[str, str]:
+    """The operator's shell: targets in a user-level scrapy.cfg, the password in the environment."""
+    xdg = tmp_path / "xdg"
+    xdg.mkdir(exist_ok=True)
+    (xdg / "scrapy.cfg").write_text(
+        "[deploy:t1]\n"
+        f"url = {scrapyd['url']}/\n"
+        "project = product_crawl\n"
+        f"username = {USER}\n"
+        "password = ${PC_SCRAPYD_PASSWORD}\n"
+        "node_addresses = 127.0.0.2,127.0.0.3\n"
+        "node_types = 0\n")
+    env = dict(os.environ, XDG_CONFIG_HOME=str(xdg), PC_SCRAPYD_PASSWORD=password, REDIS_URL=cluster.redis_url,
+               MONGO_URI=cluster.mongo_uri, PC_SERVICES_DIR=str(tmp_path / "var"), PYTHONUNBUFFERED="1")
+    return env
+
+
+def test_cluster_deploy_up_status_down_on_scrapyd(cluster: LocalCluster, scrapyd: dict[str, Any],
+                                                  tmp_path: Path) -> None:
+    env = operator_env(tmp_path, cluster, scrapyd, scrapyd["password"])
+    keys = cluster.store.keys
+
+    deployed = run_scrapy(["cluster", "deploy"], env)
+    assert deployed.returncode == 0, deployed.stderr
+    assert "deployed product_crawl version" in deployed.stdout and "2 spiders" in deployed.stdout
+
+    cluster.start_simweb(FAST_PROFILE)
+    cluster.settings["CONCURRENT_REQUESTS_PER_DOMAIN"] = 1
+    sets = [arg for name, value in cluster.settings.items()
+            for arg in ("--set", f"{name}={json.dumps(value) if isinstance(value, dict) else value}")]
+    up = run_scrapy(["cluster", "up", "--nodes", "t1=2", "--controls", "1", *sets], env)
+    assert up.returncode == 0, up.stderr
+    assert "t1-n1" in up.stdout and "t1-n2" in up.stdout and "t1-control" in up.stdout
+
+    # Both nodes register under the ids from scrapy.cfg's target, bound to its addresses.
+    def registered() -> dict[str, Any]:
+        return {n["id"]: n for n in cluster.status()["nodes"] if n["alive"]}
+
+    assert cluster.wait_for(lambda: set(registered()) == {"t1-n1", "t1-n2"}, 60), up.stdout
+    assert {n["address"] for n in registered().values()} == {"127.0.0.2", "127.0.0.3"}
+    prefix = ["-s", f"SCHEDEXT_PREFIX={cluster.prefix}"]  # the operator's commands use the jobs' prefix
+    status = run_scrapy(["cluster", "status", "--json", *prefix], env)
+    assert status.returncode == 0, status.stderr
+    rows = {r["name"]: r for r in json.loads(status.stdout)["jobs"]}
+    assert rows["t1-n1"]["alive"] is True and rows["t1-n2"]["state"] == "running"
+    assert rows["t1-control"]["spider"] == "control" and rows["t1-n1"]["target"] == "t1"
+
+    # One page at a time, so a subtask on slow.example (0.8 s a page) is still running when down arrives.
+    products, sites = [("光明高钙牛奶", None), ("特仑苏", "蒙牛")], ["slow.example", "good.example"]
+    cluster.inject([{"name": n, **({"brand": b} if b else {}), "sites": sites} for n, b in products])
+    assert cluster.wait_for(lambda: cluster.items() > 0, 60)
+
+    def leased_slow() -> bool:
+        return any(json.loads(cluster.redis.hget(keys.subtasks, sid) or "{}").get("site") == "slow.example"
+                   for sid in cluster.redis.zrange(keys.leases, 0, -1))
+
+    assert cluster.wait_for(leased_slow, 60, interval=0.1)
+    down = run_scrapy(["cluster", "down", "--timeout", "30", *prefix], env)
+    assert down.returncode == 0, down.stderr
+    assert "killed" not in down.stdout, down.stdout  # every job stopped gracefully
+    assert "leased 0  in crawl queues 0" in down.stdout, down.stdout
+    # Nothing is leased, nothing waits in a node's queue, nothing went to manual handling, no node is registered.
+    assert not cluster.redis.zcard(keys.leases)
+    assert not any(cluster.redis.llen(keys.crawl(n)) for n in ("t1-n1", "t1-n2"))
+    assert not cluster.redis.hlen(keys.dead) and not cluster.redis.hlen(keys.nodes)
+    assert cluster.redis.zcard(keys.waiting) > 0 and not all_done(cluster)  # work went back, none was lost
+    jobs = requests.get(f"{scrapyd['url']}/listjobs.json", auth=(USER, scrapyd["password"]), timeout=5).json()
+    assert not jobs["running"] and not jobs["pending"]
+
+    # A second up finishes the work: every page of every task, once.
+    again = run_scrapy(["cluster", "up", "--nodes", "t1=2", "--controls", "1", *sets], env)
+    assert again.returncode == 0, again.stderr
+    assert cluster.wait_for(lambda: all_done(cluster), 90, interval=1)
+    assert cluster.items() == sum(corpus_size(keywords_for(n, b), s, 0, 40, 60) for n, b in products for s in sites)
+    assert_no_duplicates(cluster)
+    assert run_scrapy(["cluster", "down", "--timeout", "30", *prefix], env).returncode == 0
+    assert not cluster.redis.zcard(keys.leases)
+
+
+def test_cluster_wrong_credentials_name_the_target(cluster: LocalCluster, scrapyd: dict[str, Any],
+                                                   tmp_path: Path) -> None:
+    env = operator_env(tmp_path, cluster, scrapyd, "not-the-password")
+    for action in (["status"], ["deploy"]):
+        done = run_scrapy(["cluster", *action], env)
+        assert done.returncode == 1
+        assert "target t1 (http://127.0.0.1:" in done.stderr and "refused the credentials" in done.stderr
+        assert "not-the-password" not in done.stdout + done.stderr
