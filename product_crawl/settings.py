@@ -33,6 +33,14 @@ REDIS_PARAMS = {} if REDIS_URL else embedded_redis_params(PC_SERVICES_DIR)
 # Base URL per engine; the demo, the tests and the experiment point them at the simulated web.
 PC_ENGINE_BASE_URLS = {"baidu": "http://www.baidu.com", "weibo": "http://weibo.yunyun.com"}
 PC_WEIBO_EXTRA_WORD = "投诉"
+# Engines a virtual task or subtask may name by dotted path (besides "baidu" and "weibo"). It names code, so it is
+# part of the code: set it here, not with -s. Empty: no dotted path is accepted.
+PC_ALLOWED_ENGINES: list[str] = []
+
+# --- limits on what nodes fetch and store (product_crawl/guard.py) ---------------------------------------------
+DOWNLOAD_MAXSIZE = 2 * 1024 * 1024  # bytes; a larger result page is refused (its subtask fails with the reason)
+DOWNLOAD_WARNSIZE = 512 * 1024
+PC_ITEM_FIELD_MAXLEN = 10_000  # characters in one text field of an item; a longer one refuses the item
 
 # --- scheduling -------------------------------------------------------------------------------------------------
 SCHEDEXT_SPLITTER = "product_crawl.tasks.splitter"

@@ -141,3 +141,23 @@ def job_rows(jobs: Mapping[str, Mapping[str, list[dict[str, Any]]]], nodes: Iter
                          "alive": bool(node.get("alive")), "subtasks": list(node.get("subtasks") or [])})
     return rows
 
+
+
+#: Redis ACL rules of each role, after ``ACL SETUSER <user> on >PASSWORD``. Every role is confined to the
+#: deployment's keys; all changes happen in Lua scripts, so node and control need the same data commands, and what
+#: they lack is what could hurt the server or other deployments (``@dangerous``: KEYS, FLUSHALL, CONFIG, DEBUG, ...).
+_WRITER = "-@all +@read +@write +@transaction +@connection -@dangerous +evalsha +eval +script|load +script|exists +time"
+ACL_ROLES = {
+    "node": _WRITER,
+    "control": _WRITER,
+    "viewer": "-@all +@read +@connection -@dangerous +time",
+}
+
+
+def acl_rules(role: str, prefix: str) -> str:
+    """The ACL rules of ``role`` for the deployment with key prefix ``prefix``.
+
+    >>> acl_rules("viewer", "{pc}")
+    'resetkeys ~{pc}:* resetchannels -@all +@read +@connection -@dangerous +time'
+    """
+    return f"resetkeys ~{prefix}:* resetchannels {ACL_ROLES[role]}"

@@ -10,6 +10,9 @@ dotted path of an :class:`Engine` subclass, through :func:`get_engine`, which al
     experiment point these at the simulated web (:mod:`product_crawl.simweb`).
 ``PC_WEIBO_EXTRA_WORD``
     str, the word the Weibo engine adds to every query (default ``"投诉"``, "complaint"); empty adds nothing.
+``PC_ALLOWED_ENGINES``
+    list of dotted paths of :class:`Engine` subclasses that a virtual task or a subtask may name. Names come from
+    Redis, and Redis never chooses code: a dotted path not in this list is refused before anything is imported.
 """
 
 from __future__ import annotations
@@ -153,6 +156,9 @@ def get_engine(name_or_path: str, settings: BaseSettings | Mapping[str, Any] | N
     if name_or_path in ENGINES:
         cls = load_object(ENGINES[name_or_path])
     elif "." in name_or_path:
+        if name_or_path not in settings.getlist("PC_ALLOWED_ENGINES"):
+            raise ValueError(f"engine {name_or_path!r} is not allowed: list its dotted path in PC_ALLOWED_ENGINES "
+                             f"(known engines: {', '.join(sorted(ENGINES))})")
         try:
             cls = load_object(name_or_path)
         except (ImportError, NameError, ValueError) as exc:  # not importable, or no such attribute
