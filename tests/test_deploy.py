@@ -24,7 +24,8 @@ from conftest import FAST_PROFILE, run_scrapy
 from test_cluster import all_done, assert_no_duplicates
 
 from product_crawl.cluster import LocalCluster
-from product_crawl.deploy.scrapyd import write_scrapyd_config
+from product_crawl.deploy.plan import name_of, parse_nodes, parse_settings, plan_jobs
+from product_crawl.deploy.scrapyd import DeployError, Target, write_scrapyd_config
 from product_crawl.services import free_port, generate_password
 from product_crawl.simweb.corpus import corpus_size
 from product_crawl.tasks import keywords_for
@@ -105,7 +106,7 @@ def test_cluster_deploy_up_status_down_on_scrapyd(cluster: LocalCluster, scrapyd
     assert "deployed product_crawl version" in deployed.stdout and "2 spiders" in deployed.stdout
 
     cluster.start_simweb(FAST_PROFILE)
-    cluster.settings["CONCURRENT_REQUESTS_PER_DOMAIN"] = 1
+    cluster.settings.update(CONCURRENT_REQUESTS_PER_DOMAIN=1, DOWNLOAD_DELAY=1)
     sets = [arg for name, value in cluster.settings.items()
             for arg in ("--set", f"{name}={json.dumps(value) if isinstance(value, dict) else value}")]
     up = run_scrapy(["cluster", "up", "--nodes", "t1=2", "--controls", "1", *sets], env)
@@ -124,8 +125,13 @@ def test_cluster_deploy_up_status_down_on_scrapyd(cluster: LocalCluster, scrapyd
     rows = {r["name"]: r for r in json.loads(status.stdout)["jobs"]}
     assert rows["t1-n1"]["alive"] is True and rows["t1-n2"]["state"] == "running"
     assert rows["t1-control"]["spider"] == "control" and rows["t1-n1"]["target"] == "t1"
+    for row in rows.values():  # no secret (nor even the variable) in a job's command line
+        cmdline = Path(f"/proc/{row['pid']}/cmdline").read_bytes()
+        assert b"REDIS_URL" not in cmdline and b"MONGO_URI" not in cmdline and b"SCHEDEXT_NODE" in cmdline or \
+            row["spider"] == "control"
 
-    # One page at a time, so a subtask on slow.example (0.8 s a page) is still running when down arrives.
+    # One page at a time, a second apart: a subtask on slow.example takes several seconds, so it is still leased
+    # when down arrives.
     products, sites = [("光明高钙牛奶", None), ("特仑苏", "蒙牛")], ["slow.example", "good.example"]
     cluster.inject([{"name": n, **({"brand": b} if b else {}), "sites": sites} for n, b in products])
     assert cluster.wait_for(lambda: cluster.items() > 0, 60)
@@ -143,7 +149,11 @@ def test_cluster_deploy_up_status_down_on_scrapyd(cluster: LocalCluster, scrapyd
     assert not cluster.redis.zcard(keys.leases)
     assert not any(cluster.redis.llen(keys.crawl(n)) for n in ("t1-n1", "t1-n2"))
     assert not cluster.redis.hlen(keys.dead) and not cluster.redis.hlen(keys.nodes)
-    assert cluster.redis.zcard(keys.waiting) > 0 and not all_done(cluster)  # work went back, none was lost
+    assert not all_done(cluster)
+    # The leased subtask went back to waiting, by the node's graceful stop (not by a recall: the control is gone).
+    assert cluster.redis.zcard(keys.waiting) > 0
+    logs = "".join(p.read_text() for p in (scrapyd["home"] / "logs").rglob("t1-n*.log"))
+    assert "unfinished subtask(s) to waiting" in logs
     jobs = requests.get(f"{scrapyd['url']}/listjobs.json", auth=(USER, scrapyd["password"]), timeout=5).json()
     assert not jobs["running"] and not jobs["pending"]
 
@@ -165,3 +175,46 @@ def test_cluster_wrong_credentials_name_the_target(cluster: LocalCluster, scrapy
         assert done.returncode == 1
         assert "target t1 (http://127.0.0.1:" in done.stderr and "refused the credentials" in done.stderr
         assert "not-the-password" not in done.stdout + done.stderr
+
+
+# --- the plan, without services ---------------------------------------------------------------------------------
+
+TARGETS = {"h11": Target("h11", "http://10.0.0.11:6800", "product_crawl", node_addresses=("10.0.0.11", "10.0.0.21")),
+           "h12": Target("h12", "http://10.0.0.12:6800", "product_crawl", node_types="1")}
+
+
+def test_plan_gives_each_node_its_id_and_address_and_places_control_and_standby() -> None:
+    jobs = plan_jobs(parse_nodes("h11=2,h12=1", TARGETS), TARGETS, {"SCHEDEXT_PREFIX": "{pc}"})
+    assert [(j.target, j.spider, j.name) for j in jobs] == [
+        ("h11", "search", "h11-n1"), ("h11", "search", "h11-n2"), ("h12", "search", "h12-n1"),
+        ("h11", "control", "h11-control"), ("h12", "control", "h12-standby")]
+    assert jobs[1].settings == {"SCHEDEXT_PREFIX": "{pc}", "SCHEDEXT_NODE_ID": "h11-n2", "SCHEDEXT_NODE_TYPE": "0,1",
+                                "SCHEDEXT_BIND_ADDRESS": "10.0.0.21"}
+    assert "SCHEDEXT_BIND_ADDRESS" not in jobs[2].settings and jobs[2].settings["SCHEDEXT_NODE_TYPE"] == "1"
+    assert jobs[3].settings["SCHEDEXT_CONTROL_ID"] == "h11-control"
+    assert name_of("h11-n2.20261201T010203") == "h11-n2" and name_of("f00ba7") is None
+
+
+@pytest.mark.parametrize(("nodes", "message"), [
+    ("h11", "expected TARGET=N"), ("h13=1", "unknown target 'h13'; scrapy.cfg has: h11, h12"),
+    ("h11=1,h11=2", "given twice"), ("h11=0", "at least one node"),
+    ("h11=3", "target h11 has only 2 node_addresses"),
+])
+def test_plan_refuses_bad_node_counts(nodes: str, message: str) -> None:
+    with pytest.raises(DeployError, match=message):
+        plan_jobs(parse_nodes(nodes, TARGETS), TARGETS, {})
+
+
+@pytest.mark.parametrize(("pair", "message"), [
+    ("REDIS_URL=redis://:pw@h/0", "secrets never go in job settings"),
+    ("PC_ORACLE=http://user:pw@h/", "secrets never go in job settings"),
+    ("SCHEDEXT_NODE_ID=x", "set by scrapy cluster up"), ("lower=1", "upper-case setting name"),
+])
+def test_job_settings_refuse_secrets(pair: str, message: str) -> None:
+    with pytest.raises(DeployError, match=message):
+        parse_settings([pair])
+
+
+def test_scrapyd_config_always_has_credentials(tmp_path: Path) -> None:
+    with pytest.raises(DeployError, match="needs a username and a password"):
+        write_scrapyd_config(tmp_path / "scrapyd.conf", port=6800, username="pc", password="")
