@@ -34,8 +34,11 @@ USER = "pc-operator"
 
 
 @pytest.fixture
-def scrapyd(tmp_path: Path, redis_url: str, mongo_uri: str) -> Iterator[dict[str, Any]]:
-    """A scrapyd daemon with credentials; every process it started is gone afterwards, even on failure."""
+def scrapyd(tmp_path: Path, redis_url: str, mongo_uri: str, acl_users: dict[str, str]) -> Iterator[dict[str, Any]]:
+    """A scrapyd daemon with credentials; every process it started is gone afterwards, even on failure.
+
+    Its jobs reach Redis as the least-privilege node user of docs/deploy.md.
+    """
     home = tmp_path / "scrapyd"
     env_dir = tmp_path / "scrapyd-env"
     # A Python environment with the dependencies only: the project itself comes from the egg.
@@ -49,7 +52,7 @@ def scrapyd(tmp_path: Path, redis_url: str, mongo_uri: str) -> Iterator[dict[str
                                 poll_interval=0.2)
     assert conf.stat().st_mode & 0o777 == 0o600
     env = {k: v for k, v in os.environ.items() if k not in ("REDIS_URL", "MONGO_URI")}
-    env.update(REDIS_URL=redis_url, MONGO_URI=mongo_uri, PYTHONUNBUFFERED="1")
+    env.update(REDIS_URL=acl_url(redis_url, acl_users["node"]), MONGO_URI=mongo_uri, PYTHONUNBUFFERED="1")
     with open(tmp_path / "scrapyd.log", "wb") as log:
         proc = subprocess.Popen([str(python), "-m", "scrapyd"], cwd=home, env=env, stdout=log,
                                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
@@ -79,8 +82,13 @@ def scrapyd(tmp_path: Path, redis_url: str, mongo_uri: str) -> Iterator[dict[str
                 pass
 
 
-def operator_env(tmp_path: Path, cluster: LocalCluster, scrapyd: dict[str, Any], password: str) -> dict[str, str]:
-    """The operator's shell: targets in a user-level scrapy.cfg, the password in the environment."""
+def acl_url(redis_url: str, user: str) -> str:
+    return redis_url.replace("redis://", f"redis://{user}@")
+
+
+def operator_env(tmp_path: Path, cluster: LocalCluster, scrapyd: dict[str, Any], password: str,
+                 redis_user: str) -> dict[str, str]:
+    """The operator's shell: targets in a user-level scrapy.cfg, passwords in the environment, Redis as a viewer."""
     xdg = tmp_path / "xdg"
     xdg.mkdir(exist_ok=True)
     (xdg / "scrapy.cfg").write_text(
@@ -91,14 +99,15 @@ def operator_env(tmp_path: Path, cluster: LocalCluster, scrapyd: dict[str, Any],
         "password = ${PC_SCRAPYD_PASSWORD}\n"
         "node_addresses = 127.0.0.2,127.0.0.3\n"
         "node_types = 0\n")
-    env = dict(os.environ, XDG_CONFIG_HOME=str(xdg), PC_SCRAPYD_PASSWORD=password, REDIS_URL=cluster.redis_url,
+    env = dict(os.environ, XDG_CONFIG_HOME=str(xdg), PC_SCRAPYD_PASSWORD=password,
+               REDIS_URL=acl_url(cluster.redis_url, redis_user),
                MONGO_URI=cluster.mongo_uri, PC_SERVICES_DIR=str(tmp_path / "var"), PYTHONUNBUFFERED="1")
     return env
 
 
 def test_cluster_deploy_up_status_down_on_scrapyd(cluster: LocalCluster, scrapyd: dict[str, Any],
-                                                  tmp_path: Path) -> None:
-    env = operator_env(tmp_path, cluster, scrapyd, scrapyd["password"])
+                                                  acl_users: dict[str, str], tmp_path: Path) -> None:
+    env = operator_env(tmp_path, cluster, scrapyd, scrapyd["password"], acl_users["viewer"])
     keys = cluster.store.keys
 
     deployed = run_scrapy(["cluster", "deploy"], env)
@@ -163,13 +172,22 @@ def test_cluster_deploy_up_status_down_on_scrapyd(cluster: LocalCluster, scrapyd
     assert cluster.wait_for(lambda: all_done(cluster), 90, interval=1)
     assert cluster.items() == sum(corpus_size(keywords_for(n, b), s, 0, 40, 60) for n, b in products for s in sites)
     assert_no_duplicates(cluster)
-    assert run_scrapy(["cluster", "down", "--timeout", "30", *prefix], env).returncode == 0
+    last = run_scrapy(["cluster", "down", "--timeout", "30", *prefix], env)
+    assert last.returncode == 0 and "leased 0  in crawl queues 0" in last.stdout
     assert not cluster.redis.zcard(keys.leases)
+
+    # No secret in the output of our commands, the jobs' logs or scrapyd's own log.
+    shown = "".join(r.stdout + r.stderr for r in (deployed, up, status, down, again, last))
+    logs = "".join(p.read_text(errors="replace") for p in (scrapyd["home"] / "logs").rglob("*.log"))
+    logs += (tmp_path / "scrapyd.log").read_text(errors="replace")
+    assert "no permissions" not in logs  # the jobs ran as the least-privilege user without a refusal
+    for secret in (scrapyd["password"], *(u.split(":")[1] for u in acl_users.values())):
+        assert secret not in shown and secret not in logs
 
 
 def test_cluster_wrong_credentials_name_the_target(cluster: LocalCluster, scrapyd: dict[str, Any],
-                                                   tmp_path: Path) -> None:
-    env = operator_env(tmp_path, cluster, scrapyd, "not-the-password")
+                                                   acl_users: dict[str, str], tmp_path: Path) -> None:
+    env = operator_env(tmp_path, cluster, scrapyd, "not-the-password", acl_users["viewer"])
     for action in (["status"], ["deploy"]):
         done = run_scrapy(["cluster", *action], env)
         assert done.returncode == 1

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import sys
 import uuid
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -17,7 +16,6 @@ from scrapy.utils.test import get_crawler
 from test_node import subtask
 
 from product_crawl.cluster import LocalCluster, NodeSpec
-from product_crawl.deploy.plan import acl_rules
 from product_crawl.engines import get_engine
 from product_crawl.guard import EngineHostMiddleware, FieldLimitPipeline, ItemRefused, RequestRefused
 from product_crawl.services import mask_url
@@ -100,18 +98,6 @@ def test_node_refuses_oversized_pages_oversized_items_and_unlisted_engines(clust
 
 
 # --- Redis ACL users ----------------------------------------------------------------------------------------
-
-
-@pytest.fixture
-def acl_users(redis: redis_lib.Redis, prefix: str) -> Iterator[dict[str, str]]:
-    """A node, a control and a viewer user confined to this test's prefix, with the rules docs/deploy.md gives."""
-    users = {role: f"pc-{role}-{uuid.uuid4().hex[:8]}" for role in ("node", "control", "viewer")}
-    passwords = {role: uuid.uuid4().hex for role in users}
-    for role, user in users.items():
-        redis.execute_command("ACL", "SETUSER", user, "on", f">{passwords[role]}", *acl_rules(role, prefix).split())
-    yield {role: f"{user}:{passwords[role]}" for role, user in users.items()}
-    for user in users.values():
-        redis.execute_command("ACL", "DELUSER", user)
 
 
 def test_least_privilege_acl_users_run_a_whole_crawl(redis_url: str, mongo_uri: str, prefix: str, mongo_db: str,
