@@ -19,12 +19,21 @@ from scrapy.exceptions import UsageError
 from scrapy.utils.conf import closest_scrapy_cfg
 
 from product_crawl.commands._base import open_store, write_error, write_line
+from product_crawl.commands.status import table as table_lines
 from product_crawl.deploy.plan import job_id, job_rows, name_of, parse_nodes, parse_settings, plan_jobs
-from product_crawl.deploy.scrapyd import DeployError, ScrapydClient, Target, build_egg, read_targets
+from product_crawl.deploy.scrapyd import (
+    DeployError,
+    ScrapydClient,
+    Target,
+    build_egg,
+    read_targets,
+    write_scrapyd_config,
+)
+from product_crawl.services import generate_password
 from scheduler_ext.defaults import setting_float
 from scheduler_ext.status import collect_status
 
-ACTIONS = ("deploy", "up", "status", "down")
+ACTIONS = ("deploy", "up", "status", "down", "scrapyd-config")
 
 
 class Command(ScrapyCommand):
@@ -33,7 +42,7 @@ class Command(ScrapyCommand):
     default_settings = {"LOG_ENABLED": False}
 
     def syntax(self) -> str:
-        return "deploy|up|status|down [options]"
+        return "deploy|up|status|down [options] | scrapyd-config DIR [--bind ADDRESS] [--port N]"
 
     def short_desc(self) -> str:
         return "Deploy to scrapyd targets and start, show or stop the cluster's nodes and controls there"
@@ -54,10 +63,16 @@ class Command(ScrapyCommand):
         parser.add_argument("--timeout", type=float, default=60.0,
                             help="down: seconds a job gets to stop gracefully before it is killed (default 60)")
         parser.add_argument("--json", action="store_true", help="status: one JSON object")
+        parser.add_argument("--bind", default="127.0.0.1", help="scrapyd-config: bind address (default loopback)")
+        parser.add_argument("--port", type=int, default=6800, help="scrapyd-config: HTTP port (default 6800)")
+        parser.add_argument("--max-proc", type=int, default=16, help="scrapyd-config: max_proc (default 16)")
 
     def run(self, args: list[str], opts: argparse.Namespace) -> None:
-        if len(args) != 1 or args[0] not in ACTIONS:
-            raise UsageError(f"expected one of: {', '.join(ACTIONS)}")
+        if not args or args[0] not in ACTIONS or len(args) != (2 if args[0] == "scrapyd-config" else 1):
+            raise UsageError(f"expected one of: {', '.join(ACTIONS)} (scrapyd-config takes a folder)")
+        if args[0] == "scrapyd-config":
+            self._scrapyd_config(Path(args[1]), opts)
+            return
         try:
             targets = read_targets()
             chosen = self._chosen(targets, opts.target)
@@ -80,6 +95,15 @@ class Command(ScrapyCommand):
                 sys.stderr.write(f"warning: target {t.describe()} has no credentials: a scrapyd without "
                                  "authentication runs any code anyone who reaches it uploads\n")
         return chosen
+
+    # --- scrapyd-config ---------------------------------------------------------------------------------------
+    def _scrapyd_config(self, folder: Path, opts: argparse.Namespace) -> None:
+        """A scrapyd.conf with a generated password (mode 0600), loopback unless --bind; prints no secret."""
+        path = write_scrapyd_config(folder / "scrapyd.conf", port=opts.port, username="pc-operator",
+                                    password=generate_password(), bind_address=opts.bind, max_proc=opts.max_proc)
+        write_line(f"wrote {path} (mode 0600): scrapyd on {opts.bind}:{opts.port}, user pc-operator, a generated "
+                   f"password; start it with `scrapyd` in {folder}, and take the password for scrapy.cfg with\n"
+                   f"  export PC_SCRAPYD_PASSWORD=\"$(sed -n 's/^password = //p' {path})\"")
 
     # --- deploy ----------------------------------------------------------------------------------------------
     def _deploy(self, targets: dict[str, Target], chosen: list[Target], opts: argparse.Namespace) -> None:
@@ -130,9 +154,8 @@ class Command(ScrapyCommand):
         table = [[str(r["target"]), str(r["job"]), str(r["spider"]), r["state"], str(r["pid"] or "-"),
                   str(r["name"] or "-"), "-" if r["alive"] is None else ("yes" if r["alive"] else "no"),
                   ",".join(r["subtasks"]) or "-"] for r in rows]
-        widths = [max(len(x) for x in col) for col in zip(headers, *table, strict=False)]
-        for line in [headers, *table]:
-            write_line("  ".join(c.ljust(w) for c, w in zip(line, widths, strict=False)).rstrip())
+        for line in table_lines(headers, table):
+            write_line(line)
         if snapshot:
             q = snapshot["queues"]
             write_line(f"queues: virtual {q['virtual']}  waiting {q['waiting']}  leased {q['leased']}  "
