@@ -236,3 +236,15 @@ def test_job_settings_refuse_secrets(pair: str, message: str) -> None:
 def test_scrapyd_config_always_has_credentials(tmp_path: Path) -> None:
     with pytest.raises(DeployError, match="needs a username and a password"):
         write_scrapyd_config(tmp_path / "scrapyd.conf", port=6800, username="pc", password="")
+
+
+def test_scrapyd_config_command_writes_a_private_config_with_a_generated_password(tmp_path: Path) -> None:
+    done = run_scrapy(["cluster", "scrapyd-config", str(tmp_path / "sd"), "--port", "7299"])
+    assert done.returncode == 0, done.stderr
+    conf = tmp_path / "sd" / "scrapyd.conf"
+    values = dict(line.split(" = ", 1) for line in conf.read_text().splitlines() if " = " in line)
+    assert conf.stat().st_mode & 0o777 == 0o600
+    assert values["bind_address"] == "127.0.0.1" and values["http_port"] == "7299"
+    assert values["username"] == "pc-operator" and len(values["password"]) >= 24
+    assert values["jobstorage"] == "scrapyd.jobstorage.SqliteJobStorage"
+    assert values["password"] not in done.stdout + done.stderr
