@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import sys
 import uuid
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -18,7 +19,14 @@ from test_node import subtask
 from product_crawl.cluster import LocalCluster, NodeSpec
 from product_crawl.engines import get_engine
 from product_crawl.guard import EngineHostMiddleware, FieldLimitPipeline, ItemRefused, RequestRefused
-from product_crawl.services import mask_url
+from product_crawl.services import (
+    free_port,
+    generate_password,
+    mask_url,
+    start_redis_server,
+    stop_pid,
+    with_password,
+)
 from product_crawl.tasks import parse_virtual_task, split
 from scheduler_ext.exceptions import InvalidInput
 from scheduler_ext.models import Report
@@ -95,6 +103,30 @@ def test_node_refuses_oversized_pages_oversized_items_and_unlisted_engines(clust
     assert proc.wait(60) == 0
     assert "page larger than DOWNLOAD_MAXSIZE (1000 bytes) refused" in _failed_reasons(cluster)["s3"]
     assert cluster.items() == 0
+
+
+# --- Redis passwords and ACL users ---------------------------------------------------------------------------
+
+
+def test_redis_with_a_password_refuses_a_node_without_it(tmp_path: Any, mongo_uri: str, mongo_db: str) -> None:
+    port, password = free_port(), generate_password()
+    proc = start_redis_server(port, tmp_path / "redis", password=password)
+    try:
+        assert password.encode() not in Path(f"/proc/{proc.pid}/cmdline").read_bytes()
+        url = f"redis://127.0.0.1:{port}/0"
+        cluster = LocalCluster(redis_url=url, mongo_uri=mongo_uri, mongo_db=mongo_db, prefix="{nopw}",
+                               log_dir=tmp_path / "logs", settings=dict(FAST_SETTINGS))
+        try:
+            cluster.start_node(NodeSpec("node1", "127.0.0.2"))
+            log = tmp_path / "logs" / "node1.log"
+            assert cluster.wait_for(lambda: log.exists() and "heartbeat failed" in log.read_text(), 60)
+            assert "authenticated" in log.read_text()  # Redis's reason: NOAUTH, or HELLO before AUTH
+        finally:
+            cluster.stop()
+        with redis_lib.Redis.from_url(with_password(url, password)) as admin:
+            assert not admin.keys("*")  # the node registered nothing, read nothing
+    finally:
+        stop_pid(proc.pid)
 
 
 # --- Redis ACL users ----------------------------------------------------------------------------------------
