@@ -27,6 +27,7 @@ from typing import Any
 
 #: Target names become parts of node ids and job ids: keep them to letters, digits, ``_`` and ``-``.
 TARGET_NAME_RE = re.compile(r"[A-Za-z0-9_-]{1,40}")
+NODE_TYPES_RE = re.compile(r"[01](,[01])?")
 
 
 class DeployError(RuntimeError):
@@ -59,7 +60,10 @@ def read_targets() -> dict[str, Target]:
 
     Raises :class:`DeployError` naming the section for a bad target name or a missing url.
     """
-    from scrapyd_client.utils import get_auth, get_config  # imported once here: scrapyd-client is optional
+    try:  # imported here: scrapyd-client is the optional `deploy` extra
+        from scrapyd_client.utils import get_auth, get_config
+    except ImportError as exc:
+        raise DeployError("scrapyd-client is not installed: pip install 'product_crawl[deploy]'") from exc
 
     cfg = get_config()
     base = dict(cfg.items("deploy")) if cfg.has_section("deploy") else {}
@@ -77,13 +81,16 @@ def read_targets() -> dict[str, Target]:
                               f"(at most 40), got {name!r}")
         if not values.get("url"):
             raise DeployError(f"[{section}] in scrapy.cfg: no url")
+        if not NODE_TYPES_RE.fullmatch(values.get("node_types", "0,1").replace(" ", "")):
+            raise DeployError(f"[{section}] in scrapy.cfg: node_types: expected 0, 1 or 0,1, got "
+                              f"{values['node_types']!r}")
         url = values["url"].rstrip("/")
         auth = get_auth(url=url, username=values.get("username", ""), password=values.get("password", ""))
         targets[name] = Target(
             name=name, url=url, project=values.get("project") or "product_crawl",
             username=auth.username if auth else None, password=auth.password if auth else None,
             node_addresses=tuple(a.strip() for a in values.get("node_addresses", "").split(",") if a.strip()),
-            node_types=values.get("node_types", "0,1").strip() or "0,1",
+            node_types=values.get("node_types", "0,1").replace(" ", ""),
         )
     return targets
 
