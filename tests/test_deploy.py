@@ -169,6 +169,17 @@ def test_cluster_deploy_up_status_down_on_scrapyd(cluster: LocalCluster, scrapyd
     # A second up finishes the work: every page of every task, once.
     again = run_scrapy(["cluster", "up", "--nodes", "t1=2", "--controls", "1", *sets], env)
     assert again.returncode == 0, again.stderr
+    # Meanwhile a rolling upgrade (docs/deploy.md): a new version, then one node at a time; the other keeps its job.
+    assert cluster.wait_for(lambda: set(registered()) == {"t1-n1", "t1-n2"}, 60)
+    v2 = run_scrapy(["cluster", "deploy", "--version", "2"], env)
+    assert v2.returncode == 0 and "version 2 to t1" in v2.stdout, v2.stderr
+    roll = run_scrapy(["cluster", "down", "--only", "t1-n1", "--timeout", "30", *prefix], env)
+    assert roll.returncode == 0 and "t1-n1." in roll.stdout, roll.stderr
+    assert "t1-n2." not in roll.stdout and "control." not in roll.stdout and "killed" not in roll.stdout
+    assert "by t1-n1: leased 0  in crawl queues 0" in roll.stdout, roll.stdout  # its lease went back
+    back = run_scrapy(["cluster", "up", "--nodes", "t1=2", "--controls", "1", *sets], env)
+    lines = {line.split()[0]: line for line in back.stdout.splitlines()}
+    assert "scheduled as job t1-n1." in lines["t1-n1"] and "already running" in lines["t1-n2"], back.stdout
     assert cluster.wait_for(lambda: all_done(cluster), 90, interval=1)
     assert cluster.items() == sum(corpus_size(keywords_for(n, b), s, 0, 40, 60) for n, b in products for s in sites)
     assert_no_duplicates(cluster)
@@ -177,7 +188,7 @@ def test_cluster_deploy_up_status_down_on_scrapyd(cluster: LocalCluster, scrapyd
     assert not cluster.redis.zcard(keys.leases)
 
     # No secret in the output of our commands, the jobs' logs or scrapyd's own log.
-    shown = "".join(r.stdout + r.stderr for r in (deployed, up, status, down, again, last))
+    shown = "".join(r.stdout + r.stderr for r in (deployed, up, status, down, again, v2, roll, back, last))
     logs = "".join(p.read_text(errors="replace") for p in (scrapyd["home"] / "logs").rglob("*.log"))
     logs += (tmp_path / "scrapyd.log").read_text(errors="replace")
     assert "no permissions" not in logs  # the jobs ran as the least-privilege user without a refusal

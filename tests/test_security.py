@@ -3,6 +3,7 @@ least-privilege Redis users suffice, secrets stay out of output."""
 
 from __future__ import annotations
 
+import doctest
 import json
 import sys
 import uuid
@@ -16,7 +17,9 @@ from scrapy import Request
 from scrapy.utils.test import get_crawler
 from test_node import subtask
 
+from product_crawl import services
 from product_crawl.cluster import LocalCluster, NodeSpec
+from product_crawl.deploy import plan
 from product_crawl.engines import get_engine
 from product_crawl.guard import EngineHostMiddleware, FieldLimitPipeline, ItemRefused, RequestRefused
 from product_crawl.services import (
@@ -28,6 +31,7 @@ from product_crawl.services import (
     with_password,
 )
 from product_crawl.tasks import parse_virtual_task, split
+from scheduler_ext.connection import describe, redis_from_settings
 from scheduler_ext.exceptions import InvalidInput
 from scheduler_ext.models import Report
 
@@ -168,7 +172,23 @@ def test_least_privilege_acl_users_run_a_whole_crawl(redis_url: str, mongo_uri: 
         control.stop()
 
 
+def test_rediss_urls_and_acl_users_reach_redis_py_unchanged() -> None:
+    client = redis_from_settings({"REDIS_URL": "rediss://pc-node:s3cret@redis.example:6380/0",
+                                  "REDIS_PARAMS": {"ssl_ca_certs": "/etc/pc/ca.pem"}})
+    kw = client.connection_pool.connection_kwargs
+    assert client.connection_pool.connection_class is redis_lib.SSLConnection
+    assert (kw["username"], kw["password"], kw["port"], kw["ssl_ca_certs"]) == ("pc-node", "s3cret", 6380,
+                                                                                "/etc/pc/ca.pem")
+    assert "s3cret" not in describe(client)
+
+
 # --- secrets stay out of output -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("module", [services, plan])
+def test_doctests(module: Any) -> None:
+    result = doctest.testmod(module)
+    assert result.attempted > 0 and result.failed == 0
 
 
 def test_mongo_and_redis_credentials_are_masked_in_status_output(tmp_path: Any, redis_url: str) -> None:

@@ -185,13 +185,23 @@ class Command(ScrapyCommand):
                 self._stop(batch, opts.timeout)
         if not found:
             write_line("no pending or running job")
-        snapshot = self._snapshot()
-        if snapshot:
-            q = snapshot["queues"]
-            crawl = sum(q["crawl"].values())
-            write_line(f"leased {q['leased']}  in crawl queues {crawl}  waiting {q['waiting']}")
-            if q["leased"] or crawl:
-                write_line("a control recalls what is left after SCHEDEXT_RECALL_THRESHOLD once one runs again")
+        self._left(set(opts.only) if opts.only else None)
+
+    def _left(self, names: set[str] | None) -> None:
+        """What the stopped nodes (``names``; None: the whole cluster) still hold: it should be nothing."""
+        assert self.settings is not None
+        store = open_store(self.settings)  # None after an error naming the server
+        if store is None:
+            self.exitcode = 1
+            return
+        q = collect_status(store, setting_float(self.settings, "SCHEDEXT_RECALL_THRESHOLD"))["queues"]
+        owners = [json.loads(raw).get("node") for raw in store.redis.hvals(store.keys.lease_info)]
+        leased = sum(1 for node in owners if names is None or node in names)
+        crawl = sum(n for node, n in q["crawl"].items() if names is None or node in names)
+        who = "" if names is None else f"by {', '.join(sorted(names))}: "
+        write_line(f"{who}leased {leased}  in crawl queues {crawl}  waiting {q['waiting']}")
+        if leased or crawl:
+            write_line("a control recalls what is left after SCHEDEXT_RECALL_THRESHOLD once one runs again")
 
     def _stop(self, batch: list[tuple[ScrapydClient, dict[str, Any]]], timeout: float) -> None:
         for client, job in batch:
