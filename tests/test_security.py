@@ -160,6 +160,7 @@ def test_least_privilege_acl_users_run_a_whole_crawl(redis_url: str, mongo_uri: 
                             {"REDIS_URL": url("viewer"), "PATH": "/usr/bin:/bin"})
         assert viewer.returncode == 0, viewer.stderr
         assert json.loads(viewer.stdout)["nodes"][0]["id"] == "node1"
+        assert acl_users["viewer"].split(":")[1] not in viewer.stdout + viewer.stderr
         confined = redis_lib.Redis.from_url(url("node"))
         with pytest.raises(redis_lib.exceptions.NoPermissionError):
             confined.get("{other}:virtual")
