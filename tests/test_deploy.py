@@ -259,3 +259,6 @@ def test_scrapyd_config_command_writes_a_private_config_with_a_generated_passwor
     assert values["username"] == "pc-operator" and len(values["password"]) >= 24
     assert values["jobstorage"] == "scrapyd.jobstorage.SqliteJobStorage"
     assert values["password"] not in done.stdout + done.stderr
+    again = run_scrapy(["cluster", "scrapyd-config", str(tmp_path / "sd")])
+    assert again.returncode == 1 and "already exists" in again.stderr
+    assert conf.read_text().count(values["password"]) == 1  # not overwritten

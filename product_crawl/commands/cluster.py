@@ -99,6 +99,10 @@ class Command(ScrapyCommand):
     # --- scrapyd-config ---------------------------------------------------------------------------------------
     def _scrapyd_config(self, folder: Path, opts: argparse.Namespace) -> None:
         """A scrapyd.conf with a generated password (mode 0600), loopback unless --bind; prints no secret."""
+        if (folder / "scrapyd.conf").exists():  # a new password would lock out everyone using the old one
+            write_error(f"{folder / 'scrapyd.conf'} already exists; remove it to write a new one")
+            self.exitcode = 1
+            return
         path = write_scrapyd_config(folder / "scrapyd.conf", port=opts.port, username="pc-operator",
                                     password=generate_password(), bind_address=opts.bind, max_proc=opts.max_proc)
         write_line(f"wrote {path} (mode 0600): scrapyd on {opts.bind}:{opts.port}, user pc-operator, a generated "
