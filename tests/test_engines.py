@@ -92,10 +92,11 @@ def test_engine_types_and_page_arithmetic():
 def test_get_engine_unknown_names_the_engine():
     with pytest.raises(ValueError, match=r"unknown engine 'google'.*baidu, sweibo, weibo"):
         get_engine("google")
+    allowed = {"PC_ALLOWED_ENGINES": ["no_such_module.Engine", "product_crawl.engines.Result"]}
     with pytest.raises(ValueError, match="no_such_module"):
-        get_engine("no_such_module.Engine")
+        get_engine("no_such_module.Engine", allowed)
     with pytest.raises(ValueError, match="not an Engine subclass"):
-        get_engine("product_crawl.engines.Result")
+        get_engine("product_crawl.engines.Result", allowed)
 
 
 class _LocalEngine(BaiduEngine):
@@ -106,11 +107,12 @@ class _LocalEngine(BaiduEngine):
 
 
 def test_get_engine_by_dotted_path():
-    engine = get_engine(f"{__name__}._LocalEngine")
+    allowed = {"PC_ALLOWED_ENGINES": [f"{__name__}._LocalEngine"]}
+    engine = get_engine(f"{__name__}._LocalEngine", allowed)
     assert isinstance(engine, _LocalEngine) and isinstance(engine, Engine)
     assert engine.page_url(["a"], "b.com", 0).startswith("http://search.local/s?")
     configured = get_engine(
-        f"{__name__}._LocalEngine", {"PC_ENGINE_BASE_URLS": {"local": "http://127.0.0.1:1"}}
+        f"{__name__}._LocalEngine", {**allowed, "PC_ENGINE_BASE_URLS": {"local": "http://127.0.0.1:1"}}
     )
     assert configured.base_url == "http://127.0.0.1:1"
 

@@ -43,8 +43,22 @@ def test_start_twice_status_stop(tmp_path: Path) -> None:
         assert second.returncode == 0 and second.stdout.count("already answering") == 2
         status = run_scrapy(["services", "status", *opts], env)
         assert status.returncode == 0
-        assert f"redis://127.0.0.1:{rport}/0" in status.stdout and f"mongodb://127.0.0.1:{mport}" in status.stdout
+        assert f"redis://:***@127.0.0.1:{rport}/0" in status.stdout and f"mongodb://127.0.0.1:{mport}" in status.stdout
         assert status.stdout.count(" answering") == 2
+        # The embedded Redis has a password: generated once, readable by its owner only, never in argv or output.
+        password_file = tmp_path / "var" / "redis" / "password"
+        password = password_file.read_text().strip()
+        assert password_file.stat().st_mode & 0o777 == 0o600 and len(password) >= 24
+        assert password not in first.stdout + second.stdout + status.stdout
+        pid = int((tmp_path / "var" / "redis" / "redis.pid").read_text())
+        assert password.encode() not in Path(f"/proc/{pid}/cmdline").read_bytes()
+        assert not services.redis_answers(f"redis://127.0.0.1:{rport}/0")  # refused without it
+        # Every command finds it through the settings; without it, a clear refusal.
+        url = f"redis://127.0.0.1:{rport}/0"
+        assert run_scrapy(["status", "-s", f"REDIS_URL={url}"], env).returncode == 0
+        refused = run_scrapy(["status"], dict(env, REDIS_URL=url))
+        assert refused.returncode == 1 and f"Redis at {url} does not answer" in refused.stderr
+        assert "authenticat" in refused.stderr.lower()  # NOAUTH, or HELLO refused before AUTH
         redis_dir = tmp_path / "var" / "redis"  # AOF on, data in the project folder (a file in 6.2, a folder in 7+)
         assert (redis_dir / "appendonly.aof").exists() or (redis_dir / "appendonlydir").is_dir()
     finally:

@@ -260,7 +260,8 @@ def test_split_spec() -> None:
 def test_split_every_site_and_engine() -> None:
     vt = parse_virtual_task({"name": "蒙牛早餐奶", "sites": ["a.cn", "b.cn"],
                              "engines": ["baidu", "product_crawl.engines.baidu.BaiduEngine"]})
-    pairs = [(spec["site"], spec["payload"]["engine"]) for spec in split(vt)]
+    allowed = {"PC_ALLOWED_ENGINES": ["product_crawl.engines.baidu.BaiduEngine"]}
+    pairs = [(spec["site"], spec["payload"]["engine"]) for spec in split(vt, allowed)]
     assert pairs == [("a.cn", "baidu"), ("a.cn", "product_crawl.engines.baidu.BaiduEngine"),
                      ("b.cn", "baidu"), ("b.cn", "product_crawl.engines.baidu.BaiduEngine")]
 
@@ -279,7 +280,7 @@ def test_split_defaults_per_type() -> None:
     ("data", "message"),
     [
         ({"name": "x", "engines": ["google"]}, "engines: unknown engine 'google'"),
-        ({"name": "x", "engines": ["no.such.Engine"]}, "engines: unknown engine 'no.such.Engine'"),
+        ({"name": "x", "engines": ["no.such.Engine"]}, "engines: engine 'no.such.Engine' is not allowed"),
         ({"name": "x", "engines": ["weibo"]}, "'weibo' serves node type 1, but the task's type is 0"),
         ({"name": "x", "type": 1, "engines": ["baidu"]}, "engines: 'baidu' serves node type 0"),
     ],

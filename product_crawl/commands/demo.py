@@ -25,7 +25,7 @@ from product_crawl.cluster import PROJECT_DIR, LocalCluster, paper_nodes
 from product_crawl.commands._base import write_error, write_line
 from product_crawl.commands.status import render, table
 from product_crawl.dashboard.server import DashboardProcess
-from product_crawl.services import DEFAULT_MONGO_URI, ServiceError, Services
+from product_crawl.services import DEFAULT_MONGO_URI, ServiceError, Services, mask_url
 
 PRODUCTS: list[dict[str, Any]] = [{"name": "光明高钙牛奶"}, {"name": "特仑苏", "brand": "蒙牛"}, {"name": "蒙牛早餐奶"},
                                   {"name": "雀巢中老年奶粉"}]
@@ -77,7 +77,7 @@ class Command(ScrapyCommand):
             return
         started_here = any(s.detail == "started" for s in states)
         for s in states:
-            write_line(f"{s.name:8} {s.url}  ({s.detail})")
+            write_line(f"{s.name:8} {mask_url(s.url)}  ({s.detail})")
         out = Path(opts.out)
         try:
             self._run(services, out, opts.duration, opts.dashboard_port)

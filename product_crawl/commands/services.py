@@ -7,7 +7,7 @@ import sys
 
 from scrapy.commands import ScrapyCommand
 
-from product_crawl.services import ServiceError, Services
+from product_crawl.services import ServiceError, Services, mask_url
 
 
 class Command(ScrapyCommand):
@@ -34,7 +34,7 @@ class Command(ScrapyCommand):
                 self.exitcode = 1
                 return
             for s in states:
-                print(f"{s.name:8} {s.url:32} {s.detail}{f' (pid {s.pid})' if s.pid else ''}")
+                print(f"{s.name:8} {mask_url(s.url):32} {s.detail}{f' (pid {s.pid})' if s.pid else ''}")
         elif action == "stop":
             stopped = services.stop()
             print("stopped " + ", ".join(stopped) if stopped else "nothing to stop (no server started here)")
@@ -43,7 +43,7 @@ class Command(ScrapyCommand):
             for s in states:
                 origin = "configured" if s.explicit else ("embedded" if s.pid else "default")
                 answer = "answering" if s.answering else "NOT answering"
-                print(f"{s.name:8} {s.url:32} {answer:14} {origin}{f' (pid {s.pid})' if s.pid else ''}")
+                print(f"{s.name:8} {mask_url(s.url):32} {answer:14} {origin}{f' (pid {s.pid})' if s.pid else ''}")
             if not all(s.answering for s in states):
                 self.exitcode = 1
 

@@ -13,6 +13,9 @@ dotted path of an :class:`Engine` subclass, through :func:`get_engine`, which al
 ``PC_WEIBO_COOKIES`` / ``PC_WEIBO_COOKIES_FILE``
     str, the session cookies of a logged-in Weibo account for the ``sweibo`` engine (s.weibo.com): the value
     of a ``Cookie`` header, or the path of a file holding one (or a Netscape ``cookies.txt``). Never logged.
+``PC_ALLOWED_ENGINES``
+    list of dotted paths of :class:`Engine` subclasses that a virtual task or a subtask may name. Names come from
+    Redis, and Redis never chooses code: a dotted path not in this list is refused before anything is imported.
 
 docs/engines.md lists the page layouts each parser reads and what counts as a block page.
 """
@@ -195,6 +198,9 @@ def get_engine(name_or_path: str, settings: BaseSettings | Mapping[str, Any] | N
     if name_or_path in ENGINES:
         cls = load_object(ENGINES[name_or_path])
     elif "." in name_or_path:
+        if name_or_path not in settings.getlist("PC_ALLOWED_ENGINES"):
+            raise ValueError(f"engine {name_or_path!r} is not allowed: list its dotted path in PC_ALLOWED_ENGINES "
+                             f"(known engines: {', '.join(sorted(ENGINES))})")
         try:
             cls = load_object(name_or_path)
         except (ImportError, NameError, ValueError) as exc:  # not importable, or no such attribute

@@ -23,7 +23,7 @@ from scheduler_ext.tracker import META_LAST, META_OFFERED, META_PAGE, META_REPOR
 
 NODE_SETTINGS: dict[str, Any] = {
     # The subtask scheduler, middlewares and Redis stats; telnet, remote control, file/data/ftp/s3 handlers off.
-    "ADDONS": {"scheduler_ext.addon.NodeAddon": 0},
+    "ADDONS": {"scheduler_ext.addon.NodeAddon": 0, "product_crawl.guard.GuardAddon": 0},
     "ITEM_PIPELINES": {"product_crawl.pipelines.MongoPipeline": 300},
     # Recall is the retry mechanism: a failed page fails its subtask, which the control sends elsewhere.
     "RETRY_ENABLED": False,

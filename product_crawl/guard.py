@@ -1,0 +1,125 @@
+"""Bounds on what a crawl node fetches and stores, set by its settings and never by what Redis or a page says.
+
+A writable Redis or a planted result page must not turn nodes into a proxy into the machine's network (SSRF) or
+fill MongoDB with garbage. The node's spider only builds result-page URLs from the engines' base URLs and follows
+no link of a page; these components make that a rule rather than a habit:
+
+:class:`EngineHostMiddleware` (downloader middleware)
+    Sends a request only to the scheme and ``host:port`` of a configured engine (``PC_ENGINE_BASE_URLS``, with the
+    defaults of :data:`product_crawl.engines.DEFAULT_BASE_URLS`). Anything else, including ``file:``, ``data:``,
+    ``ftp:`` and ``s3:`` (whose handlers are off on nodes anyway), fails with :class:`RequestRefused` naming the
+    URL; the subtask middleware turns that into a failed page, so the subtask fails with that reason. ``dont_filter``
+    does not bypass it (it does Scrapy's own offsite middleware). Stat: ``pc/guard/offsite``.
+:class:`FieldLimitPipeline` (item pipeline, before storage)
+    Refuses an item with a text field longer than ``PC_ITEM_FIELD_MAXLEN`` characters (:class:`ItemRefused`); the
+    item ends in ``item_error`` and its subtask fails with the field's name and length. Stat: ``pc/guard/item_refused``.
+
+:class:`GuardAddon` adds them to a crawler (the search spider's ``ADDONS``), keeping any order a project gave them.
+
+:class:`PageSizeMiddleware` (downloader middleware, nearest the downloader)
+    Pages larger than Scrapy's ``DOWNLOAD_MAXSIZE`` (product_crawl sets 2 MiB) are cancelled by Scrapy itself. When
+    the server did not announce the size, Scrapy's exception has no message (it only logs one); this middleware
+    gives it one, so the failed page and its subtask say why. Stat: ``pc/guard/page_too_large``.
+"""
+
+from __future__ import annotations
+
+import logging
+import weakref
+from typing import Any
+from urllib.parse import urlsplit
+
+from itemadapter import ItemAdapter
+from scrapy import Request, signals
+from scrapy.exceptions import DownloadCancelledError
+
+from product_crawl.engines import DEFAULT_BASE_URLS
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_ITEM_FIELD_MAXLEN = 10_000
+
+
+class RequestRefused(Exception):
+    """Raised if a node is asked to fetch a URL outside the configured engines' hosts."""
+
+
+class ItemRefused(Exception):
+    """Raised if an item has a field over ``PC_ITEM_FIELD_MAXLEN`` characters."""
+
+
+def _origin(url: str) -> tuple[str, str]:
+    parts = urlsplit(url)
+    return parts.scheme.lower(), parts.netloc.lower()
+
+
+class EngineHostMiddleware:
+    """Requests go to the engines' own scheme and host:port only (see the module docstring)."""
+
+    def __init__(self, crawler: Any, base_urls: dict[str, str]) -> None:
+        self.crawler = crawler
+        self.allowed = {_origin(url) for url in base_urls.values() if url}
+
+    @classmethod
+    def from_crawler(cls, crawler: Any) -> EngineHostMiddleware:
+        return cls(crawler, {**DEFAULT_BASE_URLS, **crawler.settings.getdict("PC_ENGINE_BASE_URLS")})
+
+    def process_request(self, request: Request) -> None:
+        if _origin(request.url) not in self.allowed:
+            self.crawler.stats.inc_value("pc/guard/offsite")
+            raise RequestRefused(f"{request.url[:200]} is not on an engine's host "
+                                 f"({', '.join(sorted(f'{s}://{h}' for s, h in self.allowed))}; PC_ENGINE_BASE_URLS)")
+
+
+class PageSizeMiddleware:
+    """A failed page over ``DOWNLOAD_MAXSIZE`` says so (see the module docstring)."""
+
+    def __init__(self, crawler: Any, maxsize: int) -> None:
+        self.crawler = crawler
+        self.maxsize = maxsize
+        self.received: weakref.WeakKeyDictionary[Request, int] = weakref.WeakKeyDictionary()
+        crawler.signals.connect(self._bytes_received, signal=signals.bytes_received)
+
+    @classmethod
+    def from_crawler(cls, crawler: Any) -> PageSizeMiddleware:
+        return cls(crawler, crawler.settings.getint("DOWNLOAD_MAXSIZE"))
+
+    def _bytes_received(self, data: bytes, request: Request, **kwargs: Any) -> None:
+        self.received[request] = self.received.get(request, 0) + len(data)
+
+    def process_exception(self, request: Request, exception: Exception) -> None:
+        maxsize = int(request.meta.get("download_maxsize", self.maxsize) or 0)
+        if isinstance(exception, DownloadCancelledError) and maxsize and self.received.get(request, 0) > maxsize:
+            self.crawler.stats.inc_value("pc/guard/page_too_large")
+            # The exception object travels on to the middlewares before this one, which record the failure.
+            exception.args = (f"page larger than DOWNLOAD_MAXSIZE ({maxsize} bytes) refused: {request.url[:200]}",)
+
+
+class FieldLimitPipeline:
+    """Text fields of at most ``PC_ITEM_FIELD_MAXLEN`` characters (see the module docstring)."""
+
+    def __init__(self, crawler: Any, maxlen: int) -> None:
+        self.crawler = crawler
+        self.maxlen = maxlen
+
+    @classmethod
+    def from_crawler(cls, crawler: Any) -> FieldLimitPipeline:
+        return cls(crawler, crawler.settings.getint("PC_ITEM_FIELD_MAXLEN", DEFAULT_ITEM_FIELD_MAXLEN))
+
+    async def process_item(self, item: Any) -> Any:
+        for name, value in ItemAdapter(item).items():
+            if isinstance(value, str) and len(value) > self.maxlen:
+                self.crawler.stats.inc_value("pc/guard/item_refused")
+                raise ItemRefused(f"field {name!r} has {len(value)} characters, over PC_ITEM_FIELD_MAXLEN "
+                                  f"({self.maxlen}); item from {ItemAdapter(item).get('url')!r:.120} refused")
+        return item
+
+
+class GuardAddon:
+    """Adds :class:`EngineHostMiddleware` (50), :class:`PageSizeMiddleware` (990, after the subtask middleware's
+    900, so it sees an exception first) and :class:`FieldLimitPipeline` (100, before storage at 300)."""
+
+    def update_settings(self, settings: Any) -> None:
+        settings.setdefault_in_component_priority_dict("DOWNLOADER_MIDDLEWARES", EngineHostMiddleware, 50)
+        settings.setdefault_in_component_priority_dict("DOWNLOADER_MIDDLEWARES", PageSizeMiddleware, 990)
+        settings.setdefault_in_component_priority_dict("ITEM_PIPELINES", FieldLimitPipeline, 100)
