@@ -396,7 +396,8 @@ def test_split_records_the_words_each_engine_searches() -> None:
 
     words = ["雀巢", "中老年", "高钙", "低脂", "无糖", "营养", "配方", "奶粉", "罐装", "进口", "原装", "正品", "特价"]
     specs = split(parse_virtual_task({"name": "雀巢中老年奶粉", "keywords": words, "sites": ["cca.org.cn"],
-                                      "engines": ["baidu", f"{__name__}._NoLimitEngine"]}))
+                                      "engines": ["baidu", f"{__name__}._NoLimitEngine"]}),
+                  {"PC_ALLOWED_ENGINES": [f"{__name__}._NoLimitEngine"]})
     assert [s["payload"]["engine"] for s in specs] == ["baidu", f"{__name__}._NoLimitEngine"]
     baidu, other = (s["payload"] for s in specs)
     assert baidu["keywords"] == fit_query(words, "cca.org.cn").split()[1:] and len(baidu["keywords"]) < len(words)
