@@ -104,12 +104,15 @@ class EstimateCache:
                 pipe.hget(keys.est_site(what) if kind == "s" else keys.est_group_site(*what), node)
             rows = pipe.execute()
         self.reads += len(fields)
+        # Copy on write: a changed site gets a new mapping, which is how allocation knows to re-rank its nodes.
+        sites = {what: dict(self._sites[what]) for kind, what, _ in fields if kind == "s"}
         for (kind, what, node), raw in zip(fields, rows, strict=True):
             e = _parse_one(raw)
             if kind == "s":
-                self._sites[what][node] = (_estimate(e, "c"), _estimate(e, "spp"))
+                sites[what][node] = (_estimate(e, "c"), _estimate(e, "spp"))
             else:
                 self._groups[what][node] = _estimate(e, "spp")
+        self._sites.update(sites)
 
     def prefetch(self, sites: Iterable[str], group_sites: Iterable[tuple[str, str]]) -> None:
         """Load the estimate hashes of these sites and (product, site) pairs not loaded yet, in one round trip."""
@@ -265,6 +268,7 @@ class Snapshot:
     silent: list[SilentNode] = field(default_factory=list)
     nodes: list[NodeView] = field(default_factory=list)  # live nodes with their free slots
     waiting: list[tuple[str, str | None]] = field(default_factory=list)  # (id, record), priority order
+    parsed: dict[str, Subtask] = field(default_factory=dict)  # record -> subtask, decoded already (optional)
 
 
 @dataclass
@@ -642,7 +646,10 @@ class _Decider:
         window: list[Subtask] = []
         for sid, raw in self.snap.waiting:
             try:
-                window.append(Subtask.from_json(raw or "null", f"waiting subtask {sid}"))
+                st = self.snap.parsed.get(raw or "") or Subtask.from_json(raw or "null", f"waiting subtask {sid}")
+                if st.id != sid:
+                    raise InvalidInput(f"waiting subtask {sid}: its record holds subtask {st.id!r}")
+                window.append(st)
             except InvalidInput as exc:
                 writes = [self._dead_write(sid, kind="waiting", reason=str(exc), attempts=0, last_node=None,
                                            **self._raw_fields(raw or "")), Write.hdel(k.subtasks, sid)]
@@ -742,6 +749,7 @@ class Control:
                                      splitter=splitter, page_limit=page_limit, time_limit=time_limit,
                                      recall_age=self.recall_age, max_entry_bytes=max_entry_bytes)
         self.estimates = EstimateCache(store)  # kept across ticks; only changed estimates are re-read
+        self._parsed: dict[str, Subtask] = {}  # waiting records decoded last tick (a window moves slowly)
         self.now = 0.0  # Redis time at the start of the current tick
         self.is_leader = False
 
@@ -829,17 +837,26 @@ class Control:
         if total_free:
             ids = r.zrange(k.waiting, 0, self.strategies.window(total_free) - 1)
             snap.waiting = list(zip(ids, r.hmget(k.subtasks, ids) if ids else [], strict=True))
-            self._prefetch(snap)
+            snap.parsed = self._parse_window(snap.waiting)
+            pairs = {(st.group, st.site) for st in snap.parsed.values()}
+            self.estimates.prefetch({site for _, site in pairs}, pairs)  # what allocation will ask for
         return snap
 
-    def _prefetch(self, snap: Snapshot) -> None:
-        """Load the estimates this tick's allocation and modification will ask for, in one round trip."""
-        pairs: set[tuple[str, str]] = set()
-        for _, raw in snap.waiting:
-            obj = _peek_object(raw)
-            if obj is not None and isinstance(obj.get("site"), str):
-                pairs.add((str(obj.get("group") or ""), obj["site"]))
-        self.estimates.prefetch({site for _, site in pairs}, pairs)
+    def _parse_window(self, waiting: list[tuple[str, str | None]]) -> dict[str, Subtask]:
+        """The window's records decoded, reusing last tick's (decide judges, and dead-letters, the bad ones)."""
+        parsed: dict[str, Subtask] = {}
+        for _, raw in waiting:
+            if raw is None:
+                continue
+            st = self._parsed.get(raw)
+            if st is None:
+                try:
+                    st = Subtask.from_json(raw)
+                except InvalidInput:
+                    continue
+            parsed[raw] = st
+        self._parsed = parsed
+        return parsed
 
     def live_nodes(self, now: float) -> list[NodeView]:
         """The nodes that heartbeat within the node timeout, with their free crawl-queue slots."""

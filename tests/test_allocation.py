@@ -139,8 +139,12 @@ def test_indexed_allocation_chooses_exactly_what_the_plain_greedy_does(seed: int
     params = {"explore_runs": rng.choice([1, 2]), "slow_factor": rng.choice([1.5, 3.0]),
               "rate_floor": rng.choice([0.0, 0.6, 1.0]), "patience": 30.0, "stale_after": 600.0}
     fast, plain, ref = DynamicAllocation(**params), DynamicAllocation(**params), ReferenceAllocation(**params)
-    for tick in range(3):  # exploration in flight carries over between calls
+    for tick in range(3):  # exploration in flight carries over between calls, rankings are kept if unchanged
         now = NOW + 20 * tick
+        if tick == 2:  # estimates change: a site's figures are a new mapping (as the control's cache does it)
+            site = subtasks[0].site if subtasks else next(iter(est.sites))
+            est.sites[site] = {n: (Estimate(1.0 - c.value, c.runs + 1, now) if c else None, p)
+                               for n, (c, p) in est.sites[site].items()}
         want = [(s.id, n) for s, n in ref.allocate(subtasks, nodes, est, now)]
         assert sorted((s.id, n) for s, n in fast.allocate(subtasks, nodes, est, now)) == sorted(want)
         assert sorted((s.id, n) for s, n in plain.allocate(subtasks, nodes, PlainEstimates(est), now)) \

@@ -28,6 +28,7 @@ told the truth, lives with the simulated web that knows it (product_crawl/oracle
 from __future__ import annotations
 
 import heapq
+import math
 import zlib
 from collections.abc import Sequence
 from typing import Any
@@ -66,38 +67,47 @@ class _PerNode:
         return {n.id: self.estimates.seconds_per_page(group, site, n.id) for n in self.nodes}
 
 
-class _Site:
-    """One (site, node type) for one allocate call: its candidate nodes ranked once, shared by every subtask."""
+class _Ranking:
+    """The candidates of one (site, node type) ranked by their site-wide figures: built once, kept across calls
+    while the live nodes, the site's figures (the same mapping object) and the time (no estimate goes stale)
+    allow."""
 
-    def __init__(self, alloc: DynamicAllocation, site: str, typed: list[tuple[int, str]],
-                 figures: dict[str, tuple[Estimate | None, Estimate | None]], free: dict[str, int],
-                 now: float) -> None:
-        self.site, self.typed = site, typed
+    def __init__(self, alloc: DynamicAllocation, typed: list[tuple[int, str]],
+                 figures: dict[str, tuple[Estimate | None, Estimate | None]], now: float) -> None:
         self.ids = {nid for _, nid in typed}
+        self.index = {nid: idx for idx, nid in typed}
         self.c: dict[str, float] = {}  # explored nodes -> completion
         self.spp: dict[str, float] = {}  # explored nodes -> site-wide seconds per page (as used in a rate)
-        unexplored = []
+        self.unexplored: list[str] = []  # in node order
+        self.valid_until = math.inf  # when the first explored estimate goes stale
         for _, nid in typed:
             c, p = figures.get(nid, (None, None))
             if c is None or c.runs < alloc.explore_runs or now - c.last_run > alloc.stale_after:
-                if free.get(nid, 0) > 0:
-                    unexplored.append(nid)
+                self.unexplored.append(nid)
                 continue
             self.c[nid], self.spp[nid] = c.value, _spp(p)
-        self.unexplored, self.explore_at = unexplored, 0
-        self.index = {nid: idx for idx, nid in typed}
+            self.valid_until = min(self.valid_until, c.last_run + alloc.stale_after)
         self.by_spp = sorted((self.spp[n], self.index[n], n) for n in self.c)
         self.by_rate = sorted((-self.rate(n), self.index[n], n) for n in self.c)
-        self._free_lists: dict[float, _FreeList] = {}
 
     def rate(self, nid: str, spp: float | None = None) -> float:
         return self.c[nid] / max(self.spp[nid] if spp is None else spp, _MIN_SPP)
 
-    def free_list(self, threshold: float, free: dict[str, int]) -> _FreeList:
+
+class _Site:
+    """One (site, node type) within one allocate call: its ranking plus what this call's free slots make of it."""
+
+    def __init__(self, site: str, ranking: _Ranking, free: dict[str, int]) -> None:
+        self.site, self.ranking, self.free = site, ranking, free
+        self.explore_at = 0  # unexplored nodes before this point are full or being explored: skip them for all
+        self._free_lists: dict[float, _FreeList] = {}
+
+    def free_list(self, threshold: float) -> _FreeList:
         """The free explored nodes no slower than ``threshold``, best rate first (shared per threshold)."""
         fl = self._free_lists.get(threshold)
         if fl is None:
-            rows = [(r, i, n) for r, i, n in self.by_rate if free.get(n, 0) > 0 and self.spp[n] <= threshold]
+            r, free = self.ranking, self.free
+            rows = [row for row in r.by_rate if free[row[2]] > 0 and r.spp[row[2]] <= threshold]
             fl = self._free_lists[threshold] = _FreeList(rows)
         return fl
 
@@ -120,75 +130,73 @@ class _FreeList:
         return i
 
 
-class _Key:
-    """What every subtask of one (product, site, type, avoid) shares: who is excluded, who has a product
-    figure (overrides), the best seconds per page and rate, and the ranked free nodes."""
+class _Class:
+    """Subtasks that rank nodes alike: same site and type, same nodes excluded, same product figures (most
+    products have none). Within a class the greedy only ever needs its first subtask past its patience and its
+    first one within it (priority order): they beat the others on every node."""
 
-    def __init__(self, base: _Site, excluded: set[str], overrides: dict[str, float], slow_factor: float,
-                 free: dict[str, int]) -> None:
-        self.base, self.excluded = base, excluded
-        skip = excluded | overrides.keys()
-        o_rates = {n: base.rate(n, spp) for n, spp in overrides.items()}
-        base_best = next((spp for spp, _, n in base.by_spp if n not in skip), None)
+    def __init__(self, site: _Site, excluded: set[str], overrides: dict[str, float], slow_factor: float,
+                 rate_floor: float) -> None:
+        r = site.ranking
+        self.site = site
+        self.skip = excluded | overrides.keys()
+        o_rates = {n: r.rate(n, spp) for n, spp in overrides.items()}
+        base_best = next((spp for spp, _, n in r.by_spp if n not in self.skip), None)
         candidates = [*overrides.values(), *([base_best] if base_best is not None else [])]
         self.known = bool(candidates)
+        self.queues: tuple[list[tuple[int, Subtask]], list[tuple[int, Subtask]]] = ([], [])  # (aged, fresh)
+        self.heads = [0, 0]
         if not self.known:
             return
-        self.threshold = slow_factor * min(candidates)
-        t = self.threshold
-        best_o = max((r for n, r in o_rates.items() if overrides[n] <= t), default=None)
-        best_b = next((-negr for negr, _, n in base.by_rate if n not in skip and base.spp[n] <= t), None)
-        rates = [r for r in (best_o, best_b) if r is not None]
-        self.eligible = bool(rates)  # the fastest node is always eligible: False only if rates are not numbers
-        self.best_rate = max(rates) if rates else 0.0
-        self.skip = skip
-        self.free_list = base.free_list(t, free)
-        self.others = sorted((-r, base.index[n], n) for n, r in o_rates.items()
-                             if overrides[n] <= t and free.get(n, 0) > 0)
+        t = slow_factor * min(candidates)
+        best_o = max((v for n, v in o_rates.items() if overrides[n] <= t), default=None)
+        best_b = next((-negr for negr, _, n in r.by_rate if n not in self.skip and r.spp[n] <= t), None)
+        rates = [v for v in (best_o, best_b) if v is not None]
+        self.known = bool(rates)  # the fastest node is always eligible: empty only if rates are not numbers
+        self.floors = (0.0, rate_floor * max(rates, default=0.0))  # aged subtasks take any eligible node
+        self.free_list = site.free_list(t)
+        self.others = sorted((-v, r.index[n], n) for n, v in o_rates.items() if overrides[n] <= t)
+        self.i, self.j = 0, 0
 
-
-class _Cursor:
-    """One subtask's walk through its free eligible nodes, best rate first (merging the shared ranked list
-    with its product's overrides)."""
-
-    __slots__ = ("st", "key", "floor", "aged", "i", "j", "order")
-
-    def __init__(self, st: Subtask, key: _Key, floor: float, aged: bool, order: int) -> None:
-        self.st, self.key, self.floor, self.aged, self.order = st, key, floor, aged, order
-        self.i = self.j = 0
-
-    def best(self, free: dict[str, int]) -> tuple[float, int, str] | None:
-        key, fl = self.key, self.key.free_list
+    def best(self, aged: bool, free: dict[str, int]) -> tuple[float, int, str] | None:
+        """The best free eligible node for this class's subtasks (aged or not), as (-rate, node index, id)."""
+        fl = self.free_list
         i = fl.first(self.i, free)
-        while i < len(fl.rows) and fl.rows[i][2] in key.skip:
+        while i < len(fl.rows) and fl.rows[i][2] in self.skip:
             i = fl.first(i + 1, free)
         self.i = i
-        while self.j < len(key.others) and free[key.others[self.j][2]] <= 0:
+        while self.j < len(self.others) and free[self.others[self.j][2]] <= 0:
             self.j += 1
         a = fl.rows[i] if i < len(fl.rows) else None
-        b = key.others[self.j] if self.j < len(key.others) else None
+        b = self.others[self.j] if self.j < len(self.others) else None
         pick = a if b is None or (a is not None and a[:2] < b[:2]) else b
         if pick is None:
             return None
-        r = -pick[0]
+        rate = -pick[0]
         # Past its patience even a node that collected nothing so far may try (and fail: recall decides).
-        if r < self.floor or (r <= 0 and not self.aged):
+        if rate < self.floors[not aged] or (rate <= 0 and not aged):
             return None
         return pick
+
+    def head(self, aged: bool) -> tuple[int, Subtask] | None:
+        q, h = self.queues[not aged], self.heads[not aged]
+        return q[h] if h < len(q) else None
 
 
 class DynamicAllocation(Allocation):
     """The paper's allocation (see the module docstring), in time proportional to what it allocates.
 
-    Work per call: each (site, node type) in the window ranks its candidate nodes once; each (product, site,
-    type, avoid) adjusts that ranking only for the nodes with a product figure (few) and the nodes it avoids
-    (at most three); the greedy matching takes the best remaining (subtask, free node) pair from a heap holding
-    one candidate per subtask, skipping filled nodes in amortized O(1). That is O(window log window + sites x
-    nodes log nodes), not O(window x nodes), and it chooses exactly the pairs the plain greedy over every
-    (subtask, node) pair would (tests/test_strategies.py checks this against that reference).
+    Work per call: each (site, node type) ranks its candidate nodes once and keeps that ranking across calls
+    until a node joins or leaves, the site's estimates change or one goes stale; subtasks that rank nodes alike
+    (same site, type, avoided nodes and product figures) form one class; the greedy matching takes the best
+    remaining (subtask, free node) pair from a heap holding the first subtask of each class, skipping filled
+    nodes in amortized O(1). That is O(window + free slots x log), not O(window x nodes), and it chooses exactly
+    the pairs of the plain greedy over every (subtask, node) pair (tests/test_allocation.py checks this against
+    that reference).
 
     ``estimates`` may offer ``site_figures(site)`` and ``group_figures(group, site)`` (every node at once, as
-    :class:`scheduler_ext.control.EstimateCache` does); without them each node is asked in turn (exact, slower).
+    :class:`scheduler_ext.control.EstimateCache` does; a mapping returned by ``site_figures`` must be a new
+    object when its content changes); without them each node is asked in turn (exact, O(nodes) per product).
     """
 
     def __init__(self, *, explore_runs: int = 1, stale_after: float = 600.0, slow_factor: float = 3.0,
@@ -200,6 +208,7 @@ class DynamicAllocation(Allocation):
         self.patience = patience
         self.explore_timeout = explore_timeout
         self._exploring: dict[tuple[str, str], float] = {}  # (site, node) -> when an exploration was sent
+        self._rankings: dict[tuple[str, int], tuple[Any, Any, _Ranking]] = {}  # -> (nodes, figures, ranking)
 
     @classmethod
     def from_crawler(cls, crawler: Any) -> DynamicAllocation:
@@ -216,71 +225,100 @@ class DynamicAllocation(Allocation):
         spp = _spp(p)
         return c.value / max(spp, _MIN_SPP), spp
 
+    def _ranking(self, site: str, node_type: int, nodes: Sequence[NodeView], signature: Any, figures: Any,
+                 now: float) -> _Ranking:
+        site_figures = figures.site_figures(site)
+        cached = self._rankings.get((site, node_type))
+        if cached is not None and cached[0] == signature and cached[1] is site_figures \
+                and now <= cached[2].valid_until and not isinstance(figures, _PerNode):
+            return cached[2]
+        typed = [(i, n.id) for i, n in enumerate(nodes) if node_type in n.types]
+        ranking = _Ranking(self, typed, site_figures, now)
+        self._rankings[(site, node_type)] = (signature, site_figures, ranking)
+        return ranking
+
     def allocate(self, subtasks: Sequence[Subtask], nodes: Sequence[NodeView], estimates: Estimates,
                  now: float) -> list[tuple[Subtask, str]]:
         self._exploring = {k: t for k, t in self._exploring.items() if now - t < self.explore_timeout}
-        free = {n.id: n.free for n in nodes if n.free > 0}
-        if not free or not subtasks:
+        free = {n.id: max(0, n.free) for n in nodes}
+        if not any(free.values()) or not subtasks:
             return []
         figures: Any = estimates if hasattr(estimates, "site_figures") and hasattr(estimates, "group_figures") \
             else _PerNode(estimates, nodes)
-        for n in nodes:
-            free.setdefault(n.id, 0)
+        signature = [(n.id, n.types) for n in nodes]
+        if len(self._rankings) > 10_000:  # sites no longer seen
+            self._rankings.clear()
         sites: dict[tuple[str, int], _Site] = {}
-        keys: dict[tuple[Any, ...], _Key] = {}
+        keys: dict[tuple[Any, ...], _Class] = {}
+        classes: dict[tuple[Any, ...], _Class] = {}
         result: list[tuple[Subtask, str]] = []
-        cursors: list[_Cursor] = []
         for order, st in enumerate(subtasks):
-            base = sites.get((st.site, st.type))
-            if base is None:
-                typed = [(i, n.id) for i, n in enumerate(nodes) if st.type in n.types]
-                base = sites[(st.site, st.type)] = _Site(self, st.site, typed, figures.site_figures(st.site),
-                                                         free, now)
-            avoided = base.ids.intersection(st.avoid)
-            excluded = avoided if avoided != base.ids else set()  # none else alive: the avoided will do
+            site = sites.get((st.site, st.type))
+            if site is None:
+                ranking = self._ranking(st.site, st.type, nodes, signature, figures, now)
+                site = sites[(st.site, st.type)] = _Site(st.site, ranking, free)
+            avoided = site.ranking.ids.intersection(st.avoid)
+            excluded = avoided if avoided != site.ranking.ids else set()  # none else alive: the avoided will do
             # Exploration first, in priority order: one subtask per unexplored (site, node) pair.
-            nid = self._explore(base, excluded, free)
+            nid = self._explore(site, excluded, free)
             if nid is not None:
                 self._exploring[(st.site, nid)] = now
                 free[nid] -= 1
                 result.append((st, nid))
                 continue
             kk = (st.group, st.site, st.type, frozenset(excluded))
-            key = keys.get(kk)
-            if key is None:
+            cls = keys.get(kk)
+            if cls is None:
+                c = site.ranking.c
                 overrides = {n: _spp(e) for n, e in figures.group_figures(st.group, st.site).items()
-                             if e is not None and n in base.c and n not in excluded}
-                key = keys[kk] = _Key(base, excluded, overrides, self.slow_factor, free)
-            if not key.known or not key.eligible:
-                continue
-            aged = now - st.since >= self.patience
-            cursor = _Cursor(st, key, 0.0 if aged else self.rate_floor * key.best_rate, aged, order)
-            cursors.append(cursor)
-        # Greedy: subtasks past their patience first, then the highest rate, then priority. The heap holds each
-        # subtask's best pair; a popped pair whose node filled up meanwhile goes back with the subtask's next best
-        # (keys only get worse), so the pairs chosen are those of the greedy over every (subtask, node) pair.
-        ready = []
-        for cursor in cursors:
-            best = cursor.best(free)
-            if best is not None:
-                ready.append((not cursor.aged, best[0], cursor.order, best[1], cursor))
+                             if e is not None and n in c and n not in excluded}
+                ck = (st.site, st.type, kk[3], tuple(sorted(overrides.items())))
+                cls = classes.get(ck)
+                if cls is None:
+                    cls = classes[ck] = _Class(site, excluded, overrides, self.slow_factor, self.rate_floor)
+                keys[kk] = cls
+            if cls.known:
+                cls.queues[now - st.since < self.patience].append((order, st))
+        # Greedy: subtasks past their patience first, then the highest rate, then priority. The heap holds the
+        # best pair of each class's first aged and first fresh subtask; a popped pair whose node filled up
+        # meanwhile goes back with its next best (keys only get worse), so the pairs chosen are exactly those of
+        # the greedy over every (subtask, node) pair.
+        ready: list[tuple[bool, float, int, int, int, _Class]] = []
+        for n, cls in enumerate(classes.values()):
+            for aged in (True, False):
+                self._push(ready, cls, aged, free, n)
         heapq.heapify(ready)
         while ready:
             entry = heapq.heappop(ready)
-            cursor = entry[4]
-            best = cursor.best(free)
-            if best is None:
+            aged, cls, n = not entry[0], entry[5], entry[4]
+            best, head = cls.best(aged, free), cls.head(aged)
+            if best is None or head is None:
                 continue
             if (best[0], best[1]) != (entry[1], entry[3]):
-                heapq.heappush(ready, (entry[0], best[0], cursor.order, best[1], cursor))
+                heapq.heappush(ready, (entry[0], best[0], head[0], best[1], n, cls))
                 continue
             free[best[2]] -= 1
-            result.append((cursor.st, best[2]))
+            result.append((head[1], best[2]))
+            cls.heads[not aged] += 1
+            self._push(ready, cls, aged, free, n, heap=True)
         return result
+
+    @staticmethod
+    def _push(ready: list[tuple[bool, float, int, int, int, _Class]], cls: _Class, aged: bool,
+              free: dict[str, int], n: int, heap: bool = False) -> None:
+        head = cls.head(aged)
+        best = cls.best(aged, free) if head is not None else None
+        if head is None or best is None:
+            return
+        entry = (not aged, best[0], head[0], best[1], n, cls)
+        if heap:
+            heapq.heappush(ready, entry)
+        else:
+            ready.append(entry)
 
     def _explore(self, base: _Site, excluded: set[str], free: dict[str, int]) -> str | None:
         """The first unexplored free node of this site not yet being explored and not excluded; None if none."""
-        nodes = base.unexplored
+        nodes = base.ranking.unexplored
         while base.explore_at < len(nodes) and (free[nodes[base.explore_at]] <= 0
                                                 or (base.site, nodes[base.explore_at]) in self._exploring):
             base.explore_at += 1  # filled or being explored: for the rest of this call, for every subtask
