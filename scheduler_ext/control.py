@@ -115,10 +115,17 @@ class EstimateCache:
         self._sites.update(sites)
 
     def prefetch(self, sites: Iterable[str], group_sites: Iterable[tuple[str, str]]) -> None:
-        """Load the estimate hashes of these sites and (product, site) pairs not loaded yet, in one round trip."""
+        """Load the estimate hashes of these sites and (product, site) pairs not loaded yet, in one round trip
+        (plus one to learn which pairs have a hash at all: most products have none yet)."""
         keys = self.store.keys
         sites = [s for s in set(sites) if s not in self._sites]
         groups = [g for g in set(group_sites) if g not in self._groups]
+        if groups:
+            exist = self.store.redis.smismember(keys.est_groups, [f"{g}|{s}" for g, s in groups])
+            for gs, there in zip(groups, exist, strict=True):
+                if not there:
+                    self._groups[gs] = {}
+            groups = [gs for gs, there in zip(groups, exist, strict=True) if there]
         if not sites and not groups:
             return
         with self.store.redis.pipeline(transaction=False) as pipe:
@@ -816,23 +823,20 @@ class Control:
         live = r.zrangebyscore(k.node_seen, now - self.node_timeout, "+inf")
         tids = sorted(task_ids)
         with r.pipeline(transaction=False) as pipe:
-            for key, fields in ((k.tasks, tids), (k.lease_info, lapsed), (k.subtasks, lapsed),
-                                (k.subtasks, stale), (k.nodes, live)):
+            for key, fields in ((k.tasks, tids), (k.lease_info, lapsed), (k.subtasks, lapsed), (k.subtasks, stale)):
                 pipe.hmget(key, fields or ["-"])  # HMGET needs a field; "-" is never an id
             for node in silent:
                 pipe.lrange(k.crawl(node), -batch, -1)
-            for node in live:
-                pipe.llen(k.crawl(node))
             rows = pipe.execute()
-        tasks, leases, leased, stale_raw, node_rows = rows[:5]
-        silent_queues, lengths = rows[5:5 + len(silent)], rows[5 + len(silent):]
+        tasks, leases, leased, stale_raw = rows[:4]
+        silent_queues = rows[4:]
         snap.tasks = dict(zip(tids, tasks, strict=False))
         snap.lapsed = [LapsedLease(sid, lease, st) for sid, lease, st in zip(lapsed, leases, leased, strict=False)]
         snap.stale = list(zip(stale, stale_raw, strict=False))
         snap.silent = [SilentNode(node, now - self.node_timeout, list(reversed(queue)))
                        for node, queue in zip(silent, silent_queues, strict=True)]
-        snap.nodes = [view for nid, raw, queued in zip(live, node_rows, lengths, strict=False)
-                      if (view := node_view(nid, raw, int(queued))) is not None]
+        snap.nodes = [view for nid, (raw, queued) in zip(live, store.node_entries(live), strict=True)
+                      if (view := node_view(nid, raw, queued)) is not None]
         total_free = sum(n.free for n in snap.nodes)
         if total_free:
             ids = r.zrange(k.waiting, 0, self.strategies.window(total_free) - 1)
@@ -862,15 +866,8 @@ class Control:
         """The nodes that heartbeat within the node timeout, with their free crawl-queue slots."""
         k, r = self.keys, self.store.redis
         ids = r.zrangebyscore(k.node_seen, now - self.node_timeout, "+inf")
-        if not ids:
-            return []
-        with r.pipeline(transaction=False) as pipe:
-            pipe.hmget(k.nodes, ids)
-            for nid in ids:
-                pipe.llen(k.crawl(nid))
-            rows = pipe.execute()
-        return [view for nid, raw, queued in zip(ids, rows[0], rows[1:], strict=True)
-                if (view := node_view(nid, raw, int(queued))) is not None]
+        return [view for nid, (raw, queued) in zip(ids, self.store.node_entries(ids), strict=True)
+                if (view := node_view(nid, raw, queued)) is not None]
 
     # --- apply ----------------------------------------------------------------------------------------------------
     def apply(self, decisions: Sequence[Decision]) -> TickResult:

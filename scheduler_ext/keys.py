@@ -127,6 +127,11 @@ class Keys:
         return self._k("est:dirty")
 
     @property
+    def est_groups(self) -> str:
+        """Set of the "<product>|<site>" pairs that have an ``est:gs`` hash (so the control reads only those)."""
+        return self._k("est:groups")
+
+    @property
     def agg_index(self) -> str:
         """Set of "site|node" pairs that have aggregates (for status and for a new leader)."""
         return self._k("agg:pairs")

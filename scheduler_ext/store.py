@@ -21,7 +21,7 @@ import redis
 
 from .keys import Keys
 
-SCRIPTS = ("take", "heartbeat", "finish", "release", "commit", "lead", "resign", "peek")
+SCRIPTS = ("take", "heartbeat", "finish", "release", "commit", "lead", "resign", "peek", "nodes")
 _INCLUDE = re.compile(r"^--@include (\w+)$", re.MULTILINE)
 
 
@@ -158,6 +158,7 @@ class Store:
         self._take, self._heartbeat, self._finish = scripts["take"], scripts["heartbeat"], scripts["finish"]
         self._release, self._commit = scripts["release"], scripts["commit"]
         self._lead, self._resign, self._peek = scripts["lead"], scripts["resign"], scripts["peek"]
+        self._nodes = scripts["nodes"]
 
     def now(self) -> float:
         """Redis server time, seconds."""
@@ -191,7 +192,8 @@ class Store:
         out = k.sleeping if ok else k.failed
         keys = [k.leases, k.lease_info, k.subtasks, out, k.runs, k.agg_site_node(site, node),
                 k.agg_group_site_node(group, site, node), k.agg_index, k.node_counters(node), k.progress,
-                k.agg_triples, k.est_site(site), k.est_group_site(group, site), k.est_dirty]
+                k.agg_triples, k.est_site(site), k.est_group_site(group, site), k.est_dirty,
+                k.est_groups]
         args: list[Any] = [sid, token, report_json, runs_maxlen, alpha, f"{site}|{node}", offered, collected, pages,
                 f"{seconds:.6f}", 1 if ok else 0, group, node]
         return bool(self._finish(keys=keys, args=args))
@@ -230,6 +232,13 @@ class Store:
         flat = self._peek(keys=[key], args=[count, max_bytes, show_bytes, budget])
         return [(flat[i], int(flat[i + 1]), flat[i + 2]) for i in range(0, len(flat), 3)]
 
+    def node_entries(self, nodes: Sequence[str]) -> list[tuple[str | None, int]]:
+        """(registry JSON or None, crawl-queue length) of each node, in one script call."""
+        if not nodes:
+            return []
+        flat = self._nodes(keys=[self.keys.nodes, *(self.keys.crawl(n) for n in nodes)], args=list(nodes))
+        return [(flat[i] or None, int(flat[i + 1])) for i in range(0, len(flat), 2)]
+
     def reserve_ids(self, n: int) -> list[str]:
         """``n`` fresh ids (task, subtask and dead-letter ids) from the ``seq`` counter."""
         last = int(self.redis.incrby(self.keys.seq, n))
@@ -253,30 +262,36 @@ class Store:
         """Apply ``writes`` if every guard holds, atomically. With ``pipe``, queue it there (result in execute).
 
         Guards and writes are built with :class:`Guard` and :class:`Write` (plain lists of the same shape are
-        accepted too).
+        accepted too). An unknown guard or write raises :class:`redis.ResponseError`, nothing applied.
         """
         keys = _keys_of(guards, writes)
-        args = [json.dumps(list(guards), ensure_ascii=False), json.dumps(list(writes), ensure_ascii=False)]
+        args = [json.dumps([[list(guards), list(writes)]], ensure_ascii=False)]
         if pipe is not None:
             self._commit(keys=keys, args=args, client=pipe)
             return None
-        return bool(self._commit(keys=keys, args=args))
+        [code] = self._commit(keys=keys, args=args)
+        if code < 0:
+            raise redis.ResponseError(f"commit refused a malformed decision (unknown guard or write): "
+                                      f"{list(guards)!r:.200} {list(writes)!r:.200}")
+        return bool(code)
 
     def commit_many(self, decisions: Sequence[tuple[Sequence[Sequence[Any]], Sequence[Sequence[Any]]]]
                     ) -> list[bool | Exception]:
-        """Commit each (guards, writes) in order, in one round trip; each is atomic on its own.
+        """Commit each (guards, writes) in order, in one script call; each is atomic on its own.
 
-        Returns, per decision, whether it was applied, or the error Redis replied for it (a decision the script
-        refused) without stopping the others. A connection error raises: what was sent may or may not have run,
-        and every guard makes the retry safe.
+        Returns, per decision, whether it was applied, or a :class:`redis.ResponseError` for one the script
+        refused as malformed, without stopping the others. A connection error raises: what was sent may or may
+        not have run, and every guard makes the retry safe.
         """
         if not decisions:
             return []
-        with self.redis.pipeline(transaction=False) as pipe:
-            for guards, writes in decisions:
-                self.commit(guards, writes, pipe=pipe)
-            results = pipe.execute(raise_on_error=False)
-        return [r if isinstance(r, Exception) else bool(r) for r in results]
+        keys: dict[str, None] = {}
+        for guards, writes in decisions:
+            keys.update(dict.fromkeys(_keys_of(guards, writes)))
+        payload = json.dumps([[list(g), list(w)] for g, w in decisions], ensure_ascii=False)
+        codes = self._commit(keys=list(keys), args=[payload])
+        refused = redis.ResponseError("commit refused a malformed decision (unknown guard or write)")
+        return [refused if c < 0 else bool(c) for c in codes]
 
     def lead(self, control_id: str, ttl: float) -> bool:
         """Take or keep the control leader lease."""

@@ -534,7 +534,7 @@ def test_commit_in_a_pipeline(store: Store) -> None:
             store.commit([["tail_is", lst, "a"]], [["hset", store.keys.counters, "g", "1"]], pipe=pipe)
             is None
         )
-        assert pipe.execute() == [1, 0]
+        assert pipe.execute() == [[1], [0]]  # one code per decision of each call
     assert r.hgetall(store.keys.counters) == {"f": "1"}
 
 
@@ -551,7 +551,7 @@ def test_commit_with_an_unknown_write_is_not_half_applied(store: Store) -> None:
     r, k = store.redis, store.keys
     r.rpush(k.sleeping, "a")
     before = snapshot(store)
-    with pytest.raises(redis_lib.ResponseError, match="unknown write"):
+    with pytest.raises(redis_lib.ResponseError, match="unknown guard or write"):
         store.commit([["tail_is", k.sleeping, "a"]], [["hincrby", k.counters, "c", 1], ["bogus", k.dead]])
     assert snapshot(store) == before
 
