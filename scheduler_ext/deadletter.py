@@ -2,8 +2,10 @@
 
 An entry is JSON in the ``dead`` hash: ``{id, kind, reason, attempts, last_node, at, subtask | raw}``. ``kind`` is
 ``subtask`` (recalled the maximum number of times), ``virtual`` (an injected virtual task that does not validate),
-``malformed`` (a crawl-queue entry or report that is not a valid subtask), ``report``, ``lease`` or ``waiting``.
-Only entries that hold a subtask or a virtual task can be requeued; the others can only be dropped.
+``malformed`` (a crawl-queue entry or failure that is not a valid subtask), ``report`` (an entry of ``sleeping`` the
+control could not use), ``failure`` (an entry of ``failed`` a strategy failed on), ``lease`` or ``waiting``.
+Entries that hold a subtask, and entries of ``virtual``, ``sleeping`` and ``failed`` kept whole (``raw`` not
+``cut``), can be requeued (to ``waiting``, or back to the list they came from); the others can only be dropped.
 """
 
 from __future__ import annotations
@@ -14,6 +16,9 @@ from typing import Any
 from .exceptions import InvalidInput
 from .models import Subtask
 from .store import Store
+
+
+_SOURCES = {"virtual": "virtual", "report": "sleeping", "failure": "failed"}  # kind -> list it came from
 
 
 class UnknownEntry(InvalidInput):
@@ -44,12 +49,13 @@ def requeue(store: Store, entry_id: str) -> str:
                                    ["zadd", k.waiting, fresh.priority, fresh.id],
                   ["hincrby", k.counters, "requeued", 1]]
         where = "waiting"
-    elif entry.get("kind") == "virtual" and entry.get("raw"):
-        writes = [["lpush", k.virtual, entry["raw"]], ["hincrby", k.counters, "requeued", 1]]
-        where = "virtual"
+    elif entry.get("kind") in _SOURCES and isinstance(entry.get("raw"), str) and entry["raw"] \
+            and not entry.get("cut"):
+        where = _SOURCES[entry["kind"]]
+        writes = [["lpush", getattr(k, where), entry["raw"]], ["hincrby", k.counters, "requeued", 1]]
     else:
-        raise InvalidInput(f"dead-letter entry {entry_id!r} ({entry.get('kind')}) holds no subtask or virtual "
-                           "task to requeue; inspect it and drop it")
+        raise InvalidInput(f"dead-letter entry {entry_id!r} ({entry.get('kind')}) holds no subtask and no whole "
+                           "entry to requeue; inspect it and drop it")
     if not store.commit(guard, writes):
         raise UnknownEntry(f"dead-letter entry {entry_id!r} was removed meanwhile")
     return where

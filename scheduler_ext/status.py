@@ -1,7 +1,8 @@
 """A snapshot of a deployment for people and scripts: what ``scrapy status --json`` prints (docs/status.md).
 
-The JSON form is a stable contract (schema version ``v``): queues, nodes, completion per (site, node), seconds per
-page per (product, site, node), per-product progress, per-node scheduling counts, cluster counters.
+The JSON form is a stable contract (schema version ``v``): queues, nodes, controls (each control's last tick and
+whether it is stuck), completion per (site, node), seconds per page per (product, site, node), per-product progress,
+per-node scheduling counts, cluster counters.
 """
 
 from __future__ import annotations
@@ -24,6 +25,26 @@ def _num(value: Any, kind: type = float) -> Any:
 
 def _estimate(raw: str | None) -> dict[str, Any]:
     return json.loads(raw) if raw else {}
+
+
+def control_rows(controls: dict[str, str], leader: str | None) -> list[dict[str, Any]]:
+    """Each control's last tick as it reported it (``controls`` hash), read defensively.
+
+    ``stuck`` is true once ``failed_in_row`` reached the control's alarm (``SCHEDEXT_TICK_ALARM``); ``at`` and
+    ``ok_at`` are the control's clock (Unix seconds) at its last tick and last good tick.
+    """
+    rows = []
+    for cid, raw in sorted(controls.items()):
+        try:
+            info = json.loads(raw)
+        except ValueError:
+            info = {}
+        info = info if isinstance(info, dict) else {}
+        failed = _num(info.get("failed_in_row"), int) or 0
+        alarm = _num(info.get("alarm"), int) or 5
+        rows.append({"id": cid, "leader": cid == leader, "at": _num(info.get("at")), "ok_at": _num(info.get("ok_at")),
+                     "failed_in_row": failed, "stuck": failed >= alarm, "last_error": str(info.get("last_error") or "")})
+    return rows
 
 
 def collect_status(store: Store, node_timeout: float = 60.0, *, recall_threshold: float | None = None
@@ -51,6 +72,7 @@ def collect_status(store: Store, node_timeout: float = 60.0, *, recall_threshold
         pipe.get(k.leader)
         pipe.hgetall(k.counters)
         pipe.hgetall(k.progress)
+        pipe.hgetall(k.controls)
         for n in nodes:
             pipe.llen(k.crawl(n))
             pipe.hget(k.nodes, n)
@@ -64,8 +86,8 @@ def collect_status(store: Store, node_timeout: float = 60.0, *, recall_threshold
             group, site, node = t.rsplit("|", 2)
             pipe.hget(k.est_group_site(group, site), node)
         rows = pipe.execute()
-    virtual, sleeping, failed, waiting, leased, dead, leader, counters, progress = rows[:9]
-    pos = 9
+    virtual, sleeping, failed, waiting, leased, dead, leader, counters, progress, controls = rows[:10]
+    pos = 10
     node_rows = []
     crawl: dict[str, int] = {}
     for n in nodes:
@@ -103,6 +125,7 @@ def collect_status(store: Store, node_timeout: float = 60.0, *, recall_threshold
         "queues": {"virtual": int(virtual), "waiting": int(waiting), "crawl": crawl, "leased": int(leased),
                    "sleeping": int(sleeping), "failed": int(failed), "dead": int(dead)},
         "nodes": node_rows,
+        "controls": control_rows(controls, leader),
         "completion": {s: dict(v) for s, v in sorted(completion.items())},
         "seconds_per_page": {g: {s: dict(n) for s, n in v.items()} for g, v in sorted(spp.items())},
         "products": {g: {"tasks": v.get("tasks", 0), "done": v.get("done", 0), "collected": v.get("collected", 0),
