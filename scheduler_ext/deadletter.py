@@ -17,7 +17,6 @@ from .exceptions import InvalidInput
 from .models import Subtask
 from .store import Store
 
-
 _SOURCES = {"virtual": "virtual", "report": "sleeping", "failure": "failed"}  # kind -> list it came from
 
 
@@ -54,8 +53,8 @@ def requeue(store: Store, entry_id: str) -> str:
         where = _SOURCES[entry["kind"]]
         writes = [["lpush", getattr(k, where), entry["raw"]], ["hincrby", k.counters, "requeued", 1]]
     else:
-        raise InvalidInput(f"dead-letter entry {entry_id!r} ({entry.get('kind')}) holds no subtask and no whole "
-                           "entry to requeue; inspect it and drop it")
+        raise InvalidInput(f"dead-letter entry {entry_id!r} ({entry.get('kind')}) holds no subtask or virtual "
+                           "task, nor any whole entry, to requeue; inspect it and drop it")
     if not store.commit(guard, writes):
         raise UnknownEntry(f"dead-letter entry {entry_id!r} was removed meanwhile")
     return where

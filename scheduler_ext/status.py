@@ -42,8 +42,9 @@ def control_rows(controls: dict[str, str], leader: str | None) -> list[dict[str,
         info = info if isinstance(info, dict) else {}
         failed = _num(info.get("failed_in_row"), int) or 0
         alarm = _num(info.get("alarm"), int) or 5
-        rows.append({"id": cid, "leader": cid == leader, "at": _num(info.get("at")), "ok_at": _num(info.get("ok_at")),
-                     "failed_in_row": failed, "stuck": failed >= alarm, "last_error": str(info.get("last_error") or "")})
+        rows.append({"id": cid, "leader": cid == leader, "at": _num(info.get("at")),
+                     "ok_at": _num(info.get("ok_at")), "failed_in_row": failed, "stuck": failed >= alarm,
+                     "last_error": str(info.get("last_error") or "")})
     return rows
 
 
