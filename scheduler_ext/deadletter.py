@@ -49,7 +49,7 @@ def requeue(store: Store, entry_id: str) -> str:
                   ["hincrby", k.counters, "requeued", 1]]
         where = "waiting"
     elif entry.get("kind") in _SOURCES and isinstance(entry.get("raw"), str) and entry["raw"] \
-            and not entry.get("cut"):
+            and not entry.get("cut") and (entry["kind"] == "virtual" or entry.get("source")):
         where = _SOURCES[entry["kind"]]
         writes = [["lpush", getattr(k, where), entry["raw"]], ["hincrby", k.counters, "requeued", 1]]
     else:
