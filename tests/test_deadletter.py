@@ -202,6 +202,7 @@ def test_collect_status(store: Store) -> None:
         "leader",
         "queues",
         "nodes",
+        "controls",
         "completion",
         "seconds_per_page",
         "products",
