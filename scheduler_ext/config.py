@@ -129,6 +129,7 @@ class Config:
     modification: str = "scheduler_ext.strategies.modification.DynamicModification"
     recall: str = "scheduler_ext.strategies.recall.DynamicRecall"
     max_entry_bytes: int = 1_000_000
+    max_split: int = 1_000
     # the recall threshold's three roles
     recall_age: float = 60.0
     lease_ttl: float = 60.0
@@ -199,6 +200,7 @@ class Config:
             modification=_text(s, "SCHEDEXT_MODIFICATION") or DEFAULTS["SCHEDEXT_MODIFICATION"],
             recall=_text(s, "SCHEDEXT_RECALL") or DEFAULTS["SCHEDEXT_RECALL"],
             max_entry_bytes=_number(s, "SCHEDEXT_MAX_ENTRY_BYTES", int, low=1024),
+            max_split=_number(s, "SCHEDEXT_MAX_SPLIT", int, low=1),
             recall_age=recall_age, lease_ttl=lease_ttl, node_timeout=node_timeout,
             recall_max=_number(s, "SCHEDEXT_RECALL_MAX", int, low=1),
             estimate_alpha=_number(s, "SCHEDEXT_ESTIMATE_ALPHA", float, low=0.0, low_open=True, high=1.0),

@@ -290,6 +290,7 @@ class Strategies:
     time_limit: float = 30.0
     recall_age: float = 60.0
     max_entry_bytes: int = 1_000_000
+    max_split: int = 1_000  # tasks one virtual task may become (one commit writes them all)
     window: Callable[[int], int] = lambda free: 32 + 2 * free  # waiting subtasks offered to allocation
 
 
@@ -435,6 +436,9 @@ class _Decider:
         specs = self.strat.splitter(raw)
         if not isinstance(specs, list) or not all(isinstance(s, dict) for s in specs):
             raise InvalidInput(f"SCHEDEXT_SPLITTER returned {type(specs).__name__}, expected a list of task specs")
+        if len(specs) > self.strat.max_split:
+            raise InvalidInput(f"virtual task splits into {len(specs)} tasks, more than SCHEDEXT_MAX_SPLIT "
+                               f"({self.strat.max_split}); split it into smaller virtual tasks")
         k, page_limit, time_limit = self.k, self.strat.page_limit, self.strat.time_limit
         ids = self.snap.ids.take(2 * len(specs))
         writes: list[Write] = []
@@ -742,7 +746,7 @@ class Control:
                  modification: Modification, recall: Recall, control_id: str | None = None,
                  page_limit: int = 5, time_limit: float = 30.0, batch: int = 500, leader_ttl: float = 10.0,
                  node_timeout: float | None = None, recall_age: float | None = None,
-                 max_entry_bytes: int = 1_000_000) -> None:
+                 max_entry_bytes: int = 1_000_000, max_split: int = 1_000) -> None:
         self.store, self.keys = store, store.keys
         self.splitter = splitter
         self.allocation, self.modification, self.recall = allocation, modification, recall
@@ -754,7 +758,8 @@ class Control:
         self.max_entry_bytes = max_entry_bytes
         self.strategies = Strategies(allocation=allocation, modification=modification, recall=recall,
                                      splitter=splitter, page_limit=page_limit, time_limit=time_limit,
-                                     recall_age=self.recall_age, max_entry_bytes=max_entry_bytes)
+                                     recall_age=self.recall_age, max_entry_bytes=max_entry_bytes,
+                                     max_split=max_split)
         self.estimates = EstimateCache(store)  # kept across ticks; only changed estimates are re-read
         self._parsed: dict[str, Subtask] = {}  # waiting records decoded last tick (a window moves slowly)
         self.now = 0.0  # Redis time at the start of the current tick
@@ -775,7 +780,7 @@ class Control:
             recall=load_strategy(crawler, "SCHEDEXT_RECALL"),
             control_id=config.control_id, page_limit=config.page_limit, time_limit=config.time_limit,
             batch=config.tick_batch, leader_ttl=config.leader_ttl, node_timeout=config.node_timeout,
-            recall_age=config.recall_age, max_entry_bytes=config.max_entry_bytes)
+            recall_age=config.recall_age, max_entry_bytes=config.max_entry_bytes, max_split=config.max_split)
 
     @classmethod
     def from_crawler(cls, crawler: Any) -> Control:
@@ -896,21 +901,18 @@ class Control:
 def node_view(nid: str, raw: str | None, queued: int) -> NodeView | None:
     """A live node as allocation sees it, read defensively from its registry entry; None if unusable.
 
-    Reads ``type`` (list of ints), ``prefetch`` (crawl-queue slots) and ``address``; anything missing or of the
-    wrong type gives the defaults (types [0], prefetch 1), so a node of another version still gets work.
+    Reads ``type`` (list of ints), ``prefetch`` (crawl-queue slots) and ``address``. A field that is missing gets
+    its default (types [0], prefetch 1), so a node of another version still gets work; a field of the wrong type
+    makes the entry unusable (no work goes to a node the control cannot understand).
     """
     obj = _peek_object(raw)
     if obj is None:
         return None
-    types_raw = obj.get("type", [0])
-    types = [t for t in types_raw if isinstance(t, int) and not isinstance(t, bool)] \
-        if isinstance(types_raw, list) else []
-    prefetch = obj.get("prefetch", 1)
-    if not isinstance(prefetch, int) or isinstance(prefetch, bool):
-        prefetch = 1
-    address = obj.get("address") if isinstance(obj.get("address"), str) else None
-    return NodeView(id=nid, types=types or [0], address=address, free=max(0, min(prefetch, 10_000) - queued),
-                    info=obj)
+    types, prefetch, address = obj.get("type", [0]), obj.get("prefetch", 1), obj.get("address")
+    if not (isinstance(types, list) and types and all(type(t) is int and t >= 0 for t in types)) \
+            or type(prefetch) is not int or not (address is None or isinstance(address, str)):
+        return None
+    return NodeView(id=nid, types=types, address=address, free=max(0, min(prefetch, 10_000) - queued), info=obj)
 
 
 def _peek_object(raw: str | None) -> dict[str, Any] | None:

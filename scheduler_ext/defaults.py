@@ -34,6 +34,7 @@ DEFAULTS: dict[str, Any] = {
     "SCHEDEXT_TICK_BATCH": 500,  # reports / virtual tasks / recalls handled per step of one tick, at most
     "SCHEDEXT_TICK_ALARM": 5,  # failed ticks in a row after which the control says loudly that it is stuck
     "SCHEDEXT_MAX_ENTRY_BYTES": 1_000_000,  # bytes; a longer entry of an input list is dead-lettered unread
+    "SCHEDEXT_MAX_SPLIT": 1_000,  # tasks one virtual task may split into; more is dead-lettered
     "SCHEDEXT_LEADER_TTL": 10.0,  # seconds a control's leader lease lasts unless renewed
     "SCHEDEXT_SPLITTER": None,  # dotted path: callable(raw_json: str) -> list[dict] (task specs)
     "SCHEDEXT_ALLOCATION": "scheduler_ext.strategies.allocation.DynamicAllocation",

@@ -187,5 +187,14 @@ class Report:
         _require(obj, "node", str, "report", check=bool, expected="a node id")
         _require(obj, "outcome", str, "report", check=lambda v: v in ("done", "timeout", "failed"),
                  expected="one of done, timeout, failed")
+        nonneg = lambda v: v >= 0  # noqa: E731
+        for name in ("offered", "collected", "pages", "next_page"):
+            _require(obj, name, int, "report", optional=True, check=nonneg, expected="an integer >= 0")
+        for name in ("reported", "total_pages"):
+            _require(obj, name, int, "report", optional=True, check=nonneg, expected="an integer >= 0 or null")
+        for name in ("started", "ended"):
+            _require(obj, name, (int, float), "report", optional=True, expected="a number of seconds")
+        _require(obj, "exhausted", bool, "report", optional=True)
+        _require(obj, "reason", str, "report", optional=True)
         known = set(cls.__dataclass_fields__)
         return cls(subtask=Subtask.from_dict(sub, "report.subtask"), **{k: v for k, v in obj.items() if k in known})
