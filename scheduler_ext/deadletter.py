@@ -11,11 +11,12 @@ Entries that hold a subtask, and entries of ``virtual``, ``sleeping`` and ``fail
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from typing import Any
 
 from .exceptions import InvalidInput
 from .models import Subtask
-from .store import Store
+from .store import Guard, Store, Write
 
 _SOURCES = {"virtual": "virtual", "report": "sleeping", "failure": "failed"}  # kind -> list it came from
 
@@ -40,18 +41,17 @@ def requeue(store: Store, entry_id: str) -> str:
     """Send an entry back: a subtask to ``waiting`` with a fresh attempt count, a virtual task to ``virtual``."""
     k = store.keys
     _, entry = _entry(store, entry_id)
-    guard = [["hdel", k.dead, entry_id]]
+    guard = [Guard.hdel(k.dead, entry_id)]
     if isinstance(entry.get("subtask"), dict):
         st = Subtask.from_dict(entry["subtask"], f"dead-letter entry {entry_id}")
-        fresh = Subtask(**{**st.__dict__, "attempt": 0, "avoid": [], "node": None, "since": store.now()})
-        writes: list[list[Any]] = [["hset", k.subtasks, fresh.id, fresh.to_json()],
-                                   ["zadd", k.waiting, fresh.priority, fresh.id],
-                  ["hincrby", k.counters, "requeued", 1]]
+        fresh = replace(st, attempt=0, avoid=[], node=None, since=store.now())
+        writes = [Write.hset(k.subtasks, fresh.id, fresh.to_json()), Write.zadd(k.waiting, fresh.priority, fresh.id),
+                  Write.hincrby(k.counters, "requeued")]
         where = "waiting"
     elif entry.get("kind") in _SOURCES and isinstance(entry.get("raw"), str) and entry["raw"] \
             and not entry.get("cut") and (entry["kind"] == "virtual" or entry.get("source")):
         where = _SOURCES[entry["kind"]]
-        writes = [["lpush", getattr(k, where), entry["raw"]], ["hincrby", k.counters, "requeued", 1]]
+        writes = [Write.lpush(getattr(k, where), entry["raw"]), Write.hincrby(k.counters, "requeued")]
     else:
         raise InvalidInput(f"dead-letter entry {entry_id!r} ({entry.get('kind')}) holds no subtask or virtual "
                            "task, nor any whole entry, to requeue; inspect it and drop it")
@@ -62,5 +62,5 @@ def requeue(store: Store, entry_id: str) -> str:
 
 def drop(store: Store, entry_id: str) -> None:
     _entry(store, entry_id)
-    if not store.commit([["hdel", store.keys.dead, entry_id]], [["hincrby", store.keys.counters, "dropped", 1]]):
+    if not store.commit([Guard.hdel(store.keys.dead, entry_id)], [Write.hincrby(store.keys.counters, "dropped")]):
         raise UnknownEntry(f"dead-letter entry {entry_id!r} was removed meanwhile")
