@@ -761,7 +761,7 @@ class Control:
                                      recall_age=self.recall_age, max_entry_bytes=max_entry_bytes,
                                      max_split=max_split)
         self.estimates = EstimateCache(store)  # kept across ticks; only changed estimates are re-read
-        self._parsed: dict[str, Subtask] = {}  # waiting records decoded last tick (a window moves slowly)
+        self._window: dict[str, tuple[str | None, Subtask | None]] = {}  # last tick's window: id -> record, decoded
         self.now = 0.0  # Redis time at the start of the current tick
         self.is_leader = False
 
@@ -793,6 +793,7 @@ class Control:
             logger.info("control %s is now %s", self.control_id, "the leader" if leader else "on standby")
             self.is_leader = leader
             self.estimates.reset()  # another control led meanwhile: what we held may be old
+            self._window = {}
         if not leader:
             return TickResult(False)
         snapshot = self.read()
@@ -802,6 +803,7 @@ class Control:
         """Drop what this control holds in memory (after a Redis error: the server may have restarted older)."""
         self.is_leader = False
         self.estimates.reset()
+        self._window = {}
 
     def resign(self) -> None:
         """Give up the leader lease at once (on a clean stop), so a standby need not wait for it to lapse."""
@@ -845,27 +847,33 @@ class Control:
         total_free = sum(n.free for n in snap.nodes)
         if total_free:
             ids = r.zrange(k.waiting, 0, self.strategies.window(total_free) - 1)
-            snap.waiting = list(zip(ids, r.hmget(k.subtasks, ids) if ids else [], strict=True))
-            snap.parsed = self._parse_window(snap.waiting)
+            snap.waiting, snap.parsed = self._read_window(ids)
             pairs = {(st.group, st.site) for st in snap.parsed.values()}
             self.estimates.prefetch({site for _, site in pairs}, pairs)  # what allocation will ask for
         return snap
 
-    def _parse_window(self, waiting: list[tuple[str, str | None]]) -> dict[str, Subtask]:
-        """The window's records decoded, reusing last tick's (decide judges, and dead-letters, the bad ones)."""
-        parsed: dict[str, Subtask] = {}
-        for _, raw in waiting:
-            if raw is None:
+    def _read_window(self, ids: list[str]) -> tuple[list[tuple[str, str | None]], dict[str, Subtask]]:
+        """The records of the waiting window, decoded. Only ids new to the window are read and decoded: while an
+        id stays in ``waiting`` its record does not change (a subtask's record is rewritten only on its way into
+        ``waiting``), so the window costs what changed, not its size. decide judges, and dead-letters, bad ones."""
+        known = self._window
+        new = [sid for sid in ids if sid not in known]
+        fresh = dict(zip(new, self.store.redis.hmget(self.keys.subtasks, new), strict=True)) if new else {}
+        window: dict[str, tuple[str | None, Subtask | None]] = {}
+        for sid in ids:
+            if sid in known:
+                window[sid] = known[sid]
                 continue
-            st = self._parsed.get(raw)
-            if st is None:
+            raw, st = fresh[sid], None
+            if raw is not None:
                 try:
                     st = Subtask.from_json(raw)
                 except InvalidInput:
-                    continue
-            parsed[raw] = st
-        self._parsed = parsed
-        return parsed
+                    pass
+            window[sid] = (raw, st)
+        self._window = window
+        return [(sid, raw) for sid, (raw, _) in window.items()], \
+            {raw: st for raw, st in window.values() if raw is not None and st is not None}
 
     def live_nodes(self, now: float) -> list[NodeView]:
         """The nodes that heartbeat within the node timeout, with their free crawl-queue slots."""
