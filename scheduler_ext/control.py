@@ -353,7 +353,8 @@ class _Decider:
         self.snap, self.strat, self.now, self.k = snap, strat, now, snap.keys
         self.decisions: list[Decision] = []
         self.fresh: list[Subtask] = []  # subtasks this tick puts into waiting (offered to allocation too)
-        self.tasks: dict[str, Task] = {}  # task records this tick changed
+        self.tasks: dict[str, Task] = {}  # task records this tick changed (set last by _advance: never torn)
+        self.unexpected = 0  # exceptions other than InvalidInput / ConfigurationError (a bug or a bad plug-in)
 
     def run(self) -> list[Decision]:
         for e in self.snap.virtual:
@@ -375,14 +376,15 @@ class _Decider:
                   on_error: Callable[..., Decision], *args: Any) -> None:
         """Run ``fn`` (which builds decisions without side effects until it returns); any exception becomes
         ``on_error(exc, *args)``: a dead-letter decision for the one entry."""
-        fresh, tasks = len(self.fresh), dict(self.tasks)
+        fresh = len(self.fresh)
         try:
             made = fn()
         except Exception as exc:  # noqa: BLE001 - anything about one entry must not stop the tick
             del self.fresh[fresh:]
-            self.tasks = tasks
             if not isinstance(exc, (InvalidInput, ConfigurationError)):
-                logger.warning("dead-lettering an entry after an unexpected error", exc_info=True)
+                self.unexpected += 1
+                if self.unexpected == 1:  # the traceback once per tick: a plug-in failing on every entry
+                    logger.warning("dead-lettering an entry after an unexpected error", exc_info=True)
             self.decisions.append(on_error(exc, *args))
             return
         if isinstance(made, Decision):
@@ -413,7 +415,6 @@ class _Decider:
         writes = [self._dead_write(dead_id, kind=kind, reason=_reason(exc), attempts=0, last_node=None,
                                    source=e.key, **self._raw_fields(e.raw, e.size, cut=not e.whole)),
                   Write.hincrby(self.k.counters, counter[kind])]
-        logger.warning("%s entry dead-lettered as %s: %s", kind, dead_id, _reason(exc))
         return Decision("dead", [e.guard], writes, subject=dead_id, dead=1, note=_reason(exc))
 
     def _text(self, e: Entry, what: str) -> str:
@@ -886,6 +887,7 @@ class Control:
     def apply(self, decisions: Sequence[Decision]) -> TickResult:
         """Commit every decision in order, in one round trip per chunk; count what was applied."""
         result = TickResult(True)
+        dead_notes: list[str] = []
         for start in range(0, len(decisions), 1000):
             chunk = decisions[start:start + 1000]
             outcomes = self.store.commit_many([(d.guards, d.writes) for d in chunk])
@@ -900,9 +902,15 @@ class Control:
                 if d.kind in _COUNTS:
                     setattr(result, _COUNTS[d.kind], getattr(result, _COUNTS[d.kind]) + 1)
                 result.dead += d.dead
+                if d.kind == "dead" and len(dead_notes) < 3:
+                    dead_notes.append(f"{d.subject}: {d.note}")
                 if d.kind == "forget":
                     result.notes.append(d.note)
                     logger.warning("%s", d.note)
+        if result.dead:  # one line a tick, not one per entry (a flood of bad input must not flood the log)
+            logger.warning("dead-lettered %d entr%s this tick (%s%s); see `scrapy deadletter list`", result.dead,
+                           "y" if result.dead == 1 else "ies", "; ".join(dead_notes),
+                           ", ..." if result.dead > len(dead_notes) else "")
         return result
 
 

@@ -1,7 +1,8 @@
 """DynamicAllocation in time proportional to what it allocates, checked against the plain greedy it replaced.
 
-``ReferenceAllocation`` is the former implementation, kept here as the specification: it rates every
-(subtask, node) pair and sorts them all (O(window x nodes)). The fast one must choose exactly the same pairs, in
+``DynamicAllocation.allocate_pairwise`` is the former implementation, kept as the specification (and as the path of
+subclasses that rate pairs their own way, like the oracle): it rates every (subtask, node) pair and sorts them all
+(O(window x nodes)). The fast one must choose exactly the same pairs, in
 the same state, on random scenarios: explored, unexplored and stale pairs, product figures that override the
 site's, nodes to avoid, subtasks past their patience, zero speeds, ties.
 """
@@ -10,62 +11,22 @@ from __future__ import annotations
 
 import random
 from collections.abc import Sequence
-from typing import Any
 
 import pytest
 
 from scheduler_ext.models import Subtask
 from scheduler_ext.strategies import Estimate, Estimates, NodeView
-from scheduler_ext.strategies.allocation import DynamicAllocation, _candidates
+from scheduler_ext.strategies.allocation import DynamicAllocation
 
 NOW = 10_000.0
 
 
 class ReferenceAllocation(DynamicAllocation):
-    """The O(window x nodes) greedy over every pair (the implementation before the indexed one)."""
+    """The plain greedy over every (subtask, node) pair, rated one by one through ``rate`` (the specification)."""
 
     def allocate(self, subtasks: Sequence[Subtask], nodes: Sequence[NodeView], estimates: Estimates,
                  now: float) -> list[tuple[Subtask, str]]:
-        free = {n.id: n.free for n in nodes if n.free > 0}
-        self._exploring = {k: t for k, t in self._exploring.items() if now - t < self.explore_timeout}
-        pairs: list[tuple[bool, float, int, Subtask, str]] = []
-        explore: list[tuple[int, Subtask, str]] = []
-        memo: dict[tuple[Any, ...], tuple[list[NodeView], dict[str, tuple[float, float]]]] = {}
-        for order, st in enumerate(subtasks):
-            key = (st.group, st.site, st.type, tuple(st.avoid))
-            if key not in memo:
-                cands = _candidates(st, nodes)
-                memo[key] = cands, {n.id: rs for n in cands if (rs := self.rate(st, n, estimates, now)) is not None}
-            cands, known = memo[key]
-            for n in cands:
-                if n.id not in known and n.id in free and (st.site, n.id) not in self._exploring:
-                    explore.append((order, st, n.id))
-            if not known:
-                continue
-            best_spp = min(spp for _, spp in known.values())
-            eligible = {nid: r for nid, (r, spp) in known.items() if spp <= self.slow_factor * best_spp}
-            if not eligible:
-                continue
-            best_rate = max(eligible.values())
-            aged = now - st.since >= self.patience
-            floor = 0.0 if aged else self.rate_floor * best_rate
-            for nid, r in eligible.items():
-                if nid in free and r >= floor and (r > 0 or aged):
-                    pairs.append((aged, r, order, st, nid))
-        assigned: dict[str, str] = {}
-        result: list[tuple[Subtask, str]] = []
-        for _, st, nid in explore:
-            if st.id not in assigned and free.get(nid, 0) > 0 and (st.site, nid) not in self._exploring:
-                self._exploring[(st.site, nid)] = now
-                assigned[st.id] = nid
-                free[nid] -= 1
-                result.append((st, nid))
-        for _, _, _, st, nid in sorted(pairs, key=lambda p: (not p[0], -p[1], p[2])):
-            if st.id not in assigned and free.get(nid, 0) > 0:
-                assigned[st.id] = nid
-                free[nid] -= 1
-                result.append((st, nid))
-        return result
+        return self.allocate_pairwise(subtasks, nodes, estimates, now)
 
 
 class Figures:

@@ -371,3 +371,37 @@ def test_decide_never_raises_and_every_entry_gets_one_decision(
         assert len(consumed) == len(entries)  # each entry: exactly one decision (done, or dead-lettered)
     for d in decisions:
         json.dumps([list(d.guards), list(d.writes)], ensure_ascii=False).encode("utf-8", "surrogateescape")
+
+
+# --- the same, against a running cluster ---------------------------------------------------------------------------
+
+
+def test_hostile_entries_pushed_into_a_running_cluster(cluster: Any, redis_url: str) -> None:
+    """While real nodes and two controls run: hostile entries into every list they read, then a valid task.
+    Each hostile entry is dead-lettered with a reason; the valid task completes with all its items."""
+    from conftest import FAST_PROFILE
+    from test_cluster import NODES, all_done
+
+    from product_crawl.simweb.corpus import corpus_size
+    from product_crawl.tasks import keywords_for
+
+    cluster.start_simweb(FAST_PROFILE)
+    for node in NODES[:2]:
+        cluster.start_node(node)
+    for name in ("control-a", "control-b"):
+        cluster.start_control(name)
+    k = cluster.store.keys
+    raw = redis_lib.Redis.from_url(redis_url)
+    assert cluster.wait_for(lambda: cluster.redis.get(k.leader) is not None, 30)
+    hostile = {k.virtual: [PICKLE, BAD_ENTRIES["json list"], BAD_ENTRIES["unknown engine"]],
+               k.sleeping: [PICKLE, _report_json(collected="many").encode()],
+               k.failed: [b"\xff\xfe", BAD_ENTRIES["wrong types"]],
+               k.crawl("node1"): [PICKLE, b'{"v": 1, "id": 5}']}
+    for key, entries in hostile.items():
+        raw.lpush(key, *entries)
+    cluster.inject([{"name": "光明高钙牛奶", "sites": ["good.example"]}])
+    assert cluster.wait_for(lambda: all_done(cluster), 90, interval=0.5)
+    assert cluster.wait_for(lambda: cluster.redis.hlen(k.dead) == sum(map(len, hostile.values())), 30)
+    assert all(json.loads(v)["reason"] for v in cluster.redis.hvals(k.dead))
+    assert cluster.items() == corpus_size(keywords_for("光明高钙牛奶"), "good.example", 0, 40, 60)
+    assert all(not cluster.redis.llen(key) for key in hostile)

@@ -239,6 +239,8 @@ class DynamicAllocation(Allocation):
 
     def allocate(self, subtasks: Sequence[Subtask], nodes: Sequence[NodeView], estimates: Estimates,
                  now: float) -> list[tuple[Subtask, str]]:
+        if type(self).rate is not DynamicAllocation.rate:  # a subclass rates pairs its own way (the oracle)
+            return self.allocate_pairwise(subtasks, nodes, estimates, now)
         self._exploring = {k: t for k, t in self._exploring.items() if now - t < self.explore_timeout}
         free = {n.id: max(0, n.free) for n in nodes}
         if not any(free.values()) or not subtasks:
@@ -315,6 +317,55 @@ class DynamicAllocation(Allocation):
             heapq.heappush(ready, entry)
         else:
             ready.append(entry)
+
+    def allocate_pairwise(self, subtasks: Sequence[Subtask], nodes: Sequence[NodeView], estimates: Estimates,
+                          now: float) -> list[tuple[Subtask, str]]:
+        """The same choice through :meth:`rate` for every (subtask, candidate node) pair: O(window x nodes).
+
+        The specification of :meth:`allocate`, and the path for subclasses that override :meth:`rate` (whose
+        rates need not come from the estimates, so cannot be ranked once per site).
+        """
+        free = {n.id: n.free for n in nodes if n.free > 0}
+        self._exploring = {k: t for k, t in self._exploring.items() if now - t < self.explore_timeout}
+        pairs: list[tuple[bool, float, int, Subtask, str]] = []
+        explore: list[tuple[int, Subtask, str]] = []
+        memo: dict[tuple[Any, ...], tuple[list[NodeView], dict[str, tuple[float, float]]]] = {}
+        for order, st in enumerate(subtasks):
+            # Subtasks of one (product, site, type) with the same nodes to avoid rank nodes alike: rate them once.
+            key = (st.group, st.site, st.type, tuple(st.avoid))
+            if key not in memo:
+                cands = _candidates(st, nodes)
+                memo[key] = cands, {n.id: rs for n in cands if (rs := self.rate(st, n, estimates, now)) is not None}
+            cands, known = memo[key]
+            for n in cands:
+                if n.id not in known and n.id in free and (st.site, n.id) not in self._exploring:
+                    explore.append((order, st, n.id))
+            if not known:
+                continue
+            best_spp = min(spp for _, spp in known.values())
+            eligible = {nid: r for nid, (r, spp) in known.items() if spp <= self.slow_factor * best_spp}
+            best_rate = max(eligible.values())
+            aged = now - st.since >= self.patience
+            floor = 0.0 if aged else self.rate_floor * best_rate
+            for nid, r in eligible.items():
+                # Past its patience even a node that collected nothing so far may try (and fail: recall decides).
+                if nid in free and r >= floor and (r > 0 or aged):
+                    pairs.append((aged, r, order, st, nid))
+        assigned: set[str] = set()
+        result: list[tuple[Subtask, str]] = []
+        # Exploration first, in priority order: one subtask per unexplored (site, node) pair.
+        for _, st, nid in explore:
+            if st.id not in assigned and free.get(nid, 0) > 0 and (st.site, nid) not in self._exploring:
+                self._exploring[(st.site, nid)] = now
+                assigned.add(st.id)
+                free[nid] -= 1
+                result.append((st, nid))
+        for _, _, _, st, nid in sorted(pairs, key=lambda p: (not p[0], -p[1], p[2])):
+            if st.id not in assigned and free.get(nid, 0) > 0:
+                assigned.add(st.id)
+                free[nid] -= 1
+                result.append((st, nid))
+        return result
 
     def _explore(self, base: _Site, excluded: set[str], free: dict[str, int]) -> str | None:
         """The first unexplored free node of this site not yet being explored and not excluded; None if none."""
