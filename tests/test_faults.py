@@ -22,7 +22,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import FAST_SETTINGS
+from conftest import FAST_SETTINGS, print_logs_if_failed
 
 from product_crawl import faults
 from product_crawl.cluster import LocalCluster, NodeSpec
@@ -51,11 +51,7 @@ def faulty(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[tuple[Loc
     finally:
         cluster.stop()
         svc.stop()
-        report = getattr(request.node, "rep_call", None)
-        if report is not None and report.failed:
-            for log in sorted((tmp_path / "logs").glob("*.log")):
-                print(f"----- {log.name} (tail) -----")
-                print("\n".join(log.read_text(errors="replace").splitlines()[-30:]))
+        print_logs_if_failed(request, tmp_path / "logs")
 
 
 def test_every_fault_of_the_services_ends_with_exactly_the_truth(
