@@ -64,6 +64,7 @@ WARM_TICKS = 1  # the first tick takes the leader lease and loads every site's e
 IDLE_TICKS = 10
 TASK_RECORDS = 100_000
 RESULTS = ROOT / "benchmarks" / "results" / "bench_control.json"
+PROFILE_SORT = "tottime"
 
 # Writes subtasks [ARGV[1], ARGV[2]) from a JSON template: @ID@, @TASK@, @P@ (product number), @SITE@, @TYPE@,
 # @ENGINE@ are replaced per subtask. ARGV[3]: template; ARGV[4]: since; ARGV[5..]: "site type" per site.
@@ -251,7 +252,7 @@ def profile_tick(d: Deployment) -> str:
     d.control.tick()
     prof.disable()
     buf = io.StringIO()
-    pstats.Stats(prof, stream=buf).sort_stats("cumulative").print_stats(30)
+    pstats.Stats(prof, stream=buf).sort_stats(PROFILE_SORT).print_stats(30)
     return buf.getvalue()
 
 

@@ -89,6 +89,15 @@ class _Ranking:
             self.valid_until = min(self.valid_until, c.last_run + alloc.stale_after)
         self.by_spp = sorted((self.spp[n], self.index[n], n) for n in self.c)
         self.by_rate = sorted((-self.rate(n), self.index[n], n) for n in self.c)
+        self._under: dict[float, list[tuple[float, int, str]]] = {}
+
+    def under(self, threshold: float) -> list[tuple[float, int, str]]:
+        """``by_rate`` without the nodes slower than ``threshold`` seconds per page (kept per threshold)."""
+        rows = self._under.get(threshold)
+        if rows is None:
+            spp = self.spp
+            rows = self._under[threshold] = [row for row in self.by_rate if spp[row[2]] <= threshold]
+        return rows
 
     def rate(self, nid: str, spp: float | None = None) -> float:
         return self.c[nid] / max(self.spp[nid] if spp is None else spp, _MIN_SPP)
@@ -105,10 +114,8 @@ class _Site:
     def free_list(self, threshold: float) -> _FreeList:
         """The free explored nodes no slower than ``threshold``, best rate first (shared per threshold)."""
         fl = self._free_lists.get(threshold)
-        if fl is None:
-            r, free = self.ranking, self.free
-            rows = [row for row in r.by_rate if free[row[2]] > 0 and r.spp[row[2]] <= threshold]
-            fl = self._free_lists[threshold] = _FreeList(rows)
+        if fl is None:  # full nodes are skipped as they are met (_FreeList.first), not filtered here
+            fl = self._free_lists[threshold] = _FreeList(self.ranking.under(threshold))
         return fl
 
 
