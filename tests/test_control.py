@@ -309,3 +309,23 @@ def test_decide_is_a_function_of_the_snapshot_and_splits_then_allocates_in_one_t
     assert decisions[0].guards == [Guard.tail_is(keys.virtual, raw)]
     placed = [w for w in decisions[1].writes if w[0] == "lpush"]
     assert placed and placed[0][1] == keys.crawl("n1") and Subtask.from_json(placed[0][2]).site == "a.com"
+
+
+def test_estimates_are_kept_across_ticks_and_only_changed_fields_are_read_again(store: Store) -> None:
+    inject(store, {"name": "p", "sites": ["a.com"]}, {"name": "q", "sites": ["a.com"]})
+    store.heartbeat("n1", NODE_INFO, 30, [])
+    control = make_control(store, allocation=DynamicAllocation())
+    control.tick()  # loads a.com's estimates (none yet) and explores n1 on it
+    assert control.estimates.completion("a.com", "n1") is None
+    reads = control.estimates.reads
+    st, token, _ = take(store, "n1")
+    assert finish(store, "n1", st, token, collected=15)  # 15 of 30 offered
+    assert store.redis.scard(store.keys.est_dirty) == 2  # the site's field and the product's field
+    control.tick()
+    assert store.redis.scard(store.keys.est_dirty) == 0
+    c = control.estimates.completion("a.com", "n1")
+    assert c is not None and c.value == 0.5 and c.runs == 1
+    assert control.estimates.reads - reads <= 3  # the changed fields (and the new product's pair), not every hash
+    control.is_leader = False  # as after losing the lead: the next tick starts afresh
+    control.tick()
+    assert control.estimates.completion("a.com", "n1") == c
