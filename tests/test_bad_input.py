@@ -380,7 +380,7 @@ def test_hostile_entries_pushed_into_a_running_cluster(cluster: Any, redis_url: 
     """While real nodes and two controls run: hostile entries into every list they read, then a valid task.
     Each hostile entry is dead-lettered with a reason; the valid task completes with all its items."""
     from conftest import FAST_PROFILE
-    from test_cluster import NODES, all_done
+    from test_cluster import NODES
 
     from product_crawl.simweb.corpus import corpus_size
     from product_crawl.tasks import keywords_for
@@ -396,11 +396,17 @@ def test_hostile_entries_pushed_into_a_running_cluster(cluster: Any, redis_url: 
     hostile = {k.virtual: [PICKLE, BAD_ENTRIES["json list"], BAD_ENTRIES["unknown engine"]],
                k.sleeping: [PICKLE, _report_json(collected="many").encode()],
                k.failed: [b"\xff\xfe", BAD_ENTRIES["wrong types"]],
-               k.crawl("node1"): [PICKLE, b'{"v": 1, "id": 5}']}
+               # the last one passes the take script's checks; the node itself must refuse it
+               k.crawl("node1"): [PICKLE, b'{"v": 1, "id": 5}',
+                                  b'{"v": 1, "id": "x1", "time_limit": 5, "site": "\xff\xfe"}']}
     for key, entries in hostile.items():
         raw.lpush(key, *entries)
     cluster.inject([{"name": "光明高钙牛奶", "sites": ["good.example"]}])
-    assert cluster.wait_for(lambda: all_done(cluster), 90, interval=0.5)
+    def done() -> bool:  # (a malformed entry the node finished counts under product "": not a task)
+        p = cluster.status()["products"].get("光明高钙牛奶", {})
+        return bool(p.get("tasks")) and p.get("done") == p.get("tasks")
+
+    assert cluster.wait_for(done, 90, interval=0.5)
     assert cluster.wait_for(lambda: cluster.redis.hlen(k.dead) == sum(map(len, hostile.values())), 30)
     assert all(json.loads(v)["reason"] for v in cluster.redis.hvals(k.dead))
     assert cluster.items() == corpus_size(keywords_for("光明高钙牛奶"), "good.example", 0, 40, 60)
