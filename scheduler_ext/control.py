@@ -107,7 +107,7 @@ class EstimateCache:
         # Copy on write: a changed site gets a new mapping, which is how allocation knows to re-rank its nodes.
         sites = {what: dict(self._sites[what]) for kind, what, _ in fields if kind == "s"}
         for (kind, what, node), raw in zip(fields, rows, strict=True):
-            e = _json_object(raw)
+            e = _parse_one(raw)
             if kind == "s":
                 sites[what][node] = (_estimate(e, "c"), _estimate(e, "spp"))
             else:
@@ -137,10 +137,10 @@ class EstimateCache:
         self.reads += len(rows)
         for site, fields in zip(sites, rows, strict=False):
             self._sites[site] = {node: (_estimate(e, "c"), _estimate(e, "spp"))
-                                 for node, raw in fields.items() if (e := _json_object(raw)) is not None}
+                                 for node, raw in fields.items() if (e := _parse_one(raw)) is not None}
         for gs, fields in zip(groups, rows[len(sites):], strict=True):
             self._groups[gs] = {node: _estimate(e, "spp") for node, raw in fields.items()
-                                if (e := _json_object(raw)) is not None}
+                                if (e := _parse_one(raw)) is not None}
         while len(self._groups) > self.MAX_GROUPS:
             del self._groups[next(iter(self._groups))]
 
@@ -170,8 +170,9 @@ class EstimateCache:
         return self._groups[(group, site)]
 
 
-def _json_object(raw: str | None) -> dict[str, Any] | None:
-    """``raw`` as a JSON object, or None if it is missing or anything else (a record we did not write)."""
+def _parse_one(raw: str | None) -> dict[str, Any] | None:
+    """``raw`` (an estimate field, a registry entry) as a JSON object; None if missing or anything else (a record
+    we did not write)."""
     if raw is None:
         return None
     try:
@@ -921,7 +922,7 @@ def node_view(nid: str, raw: str | None, queued: int) -> NodeView | None:
     its default (types [0], prefetch 1), so a node of another version still gets work; a field of the wrong type
     makes the entry unusable (no work goes to a node the control cannot understand).
     """
-    obj = _json_object(raw)
+    obj = _parse_one(raw)
     if obj is None:
         return None
     types, prefetch, address = obj.get("type", [0]), obj.get("prefetch", 1), obj.get("address")
@@ -933,7 +934,7 @@ def node_view(nid: str, raw: str | None, queued: int) -> NodeView | None:
 
 def _task_id(e: Entry) -> str | None:
     """The task id a report names, if it can be read at all (the decoders judge the rest)."""
-    obj = _json_object(e.raw) if e.whole else None
+    obj = _parse_one(e.raw) if e.whole else None
     sub = obj.get("subtask") if obj else None
     tid = sub.get("task") if isinstance(sub, dict) else None
     return str(tid) if isinstance(tid, (str, int)) and not isinstance(tid, bool) else None
