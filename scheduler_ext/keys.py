@@ -74,7 +74,8 @@ class Keys:
 
     @property
     def dead(self) -> str:
-        """Hash dead-letter id -> JSON {v, id, kind, reason, attempts, last_node, subtask | raw, at}."""
+        """Hash dead-letter id -> JSON {v, id, kind, reason, attempts, last_node, at, subtask | raw (+ size, source,
+        cut)}."""
         return self._k("dead")
 
     # --- nodes, control ----------------------------------------------------------------------------------
