@@ -25,16 +25,34 @@ class UnknownEntry(InvalidInput):
     """Raised if no dead-letter entry has the given id."""
 
 
+def _decode(entry_id: str, raw: str) -> dict[str, Any]:
+    """A dead-letter entry; one that is not ours (written by hand) shows as kind ``unreadable`` (drop only)."""
+    try:
+        entry = json.loads(raw)
+    except (ValueError, RecursionError):
+        entry = None
+    if not isinstance(entry, dict):
+        shown = raw.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")[:2000]
+        return {"id": entry_id, "kind": "unreadable", "reason": "not a dead-letter entry (not a JSON object)",
+                "attempts": 0, "last_node": None, "at": 0, "raw": shown}
+    return {**entry, "id": entry.get("id", entry_id)}
+
+
 def list_entries(store: Store) -> list[dict[str, Any]]:
-    entries = [json.loads(raw) for raw in store.redis.hvals(store.keys.dead)]
-    return sorted(entries, key=lambda e: (e.get("at") or 0, str(e.get("id"))))
+    entries = [_decode(eid, raw) for eid, raw in store.redis.hgetall(store.keys.dead).items()]
+    return sorted(entries, key=lambda e: (_at(e), str(e.get("id"))))
+
+
+def _at(entry: dict[str, Any]) -> float:
+    at = entry.get("at")
+    return float(at) if isinstance(at, (int, float)) and not isinstance(at, bool) else 0.0
 
 
 def _entry(store: Store, entry_id: str) -> tuple[str, dict[str, Any]]:
     raw = store.redis.hget(store.keys.dead, entry_id)
     if raw is None:
         raise UnknownEntry(f"no dead-letter entry with id {entry_id!r} (see `scrapy deadletter list`)")
-    return raw, json.loads(raw)
+    return raw, _decode(entry_id, raw)
 
 
 def requeue(store: Store, entry_id: str) -> str:

@@ -23,8 +23,13 @@ def _num(value: Any, kind: type = float) -> Any:
         return None
 
 
-def _estimate(raw: str | None) -> dict[str, Any]:
-    return json.loads(raw) if raw else {}
+def _object(raw: str | None) -> dict[str, Any]:
+    """A JSON object read from Redis, or {} if it is missing or anything else (status shows what it can)."""
+    try:
+        value = json.loads(raw) if raw else {}
+    except (ValueError, RecursionError):
+        return {}
+    return value if isinstance(value, dict) else {}
 
 
 def control_rows(controls: dict[str, str], leader: str | None) -> list[dict[str, Any]]:
@@ -35,11 +40,7 @@ def control_rows(controls: dict[str, str], leader: str | None) -> list[dict[str,
     """
     rows = []
     for cid, raw in sorted(controls.items()):
-        try:
-            info = json.loads(raw)
-        except ValueError:
-            info = {}
-        info = info if isinstance(info, dict) else {}
+        info = _object(raw)
         failed = _num(info.get("failed_in_row"), int) or 0
         alarm = _num(info.get("alarm"), int) or 5
         rows.append({"id": cid, "leader": cid == leader, "at": _num(info.get("at")),
@@ -94,7 +95,7 @@ def collect_status(store: Store, node_timeout: float = 60.0, *, recall_threshold
     for n in nodes:
         qlen, raw, seen, counts = rows[pos:pos + 4]
         pos += 4
-        info = json.loads(raw) if raw else {}
+        info = _object(raw)
         crawl[n] = int(qlen)
         node_rows.append({
             "id": n, "alive": seen is not None and now - float(seen) <= node_timeout,
@@ -104,7 +105,7 @@ def collect_status(store: Store, node_timeout: float = 60.0, *, recall_threshold
     completion: dict[str, dict[str, Any]] = defaultdict(dict)
     for p in pairs:
         site, node = p.rsplit("|", 1)
-        h, est = rows[pos], _estimate(rows[pos + 1])
+        h, est = rows[pos], _object(rows[pos + 1])
         pos += 2
         offered, collected = int(h.get("offered", 0)), int(h.get("collected", 0))
         completion[site][node] = {
@@ -115,7 +116,7 @@ def collect_status(store: Store, node_timeout: float = 60.0, *, recall_threshold
     spp: dict[str, dict[str, dict[str, float | None]]] = defaultdict(lambda: defaultdict(dict))
     for t in triples:
         group, site, node = t.rsplit("|", 2)
-        spp[group][site][node] = _num(_estimate(rows[pos]).get("spp"))
+        spp[group][site][node] = _num(_object(rows[pos]).get("spp"))
         pos += 1
     products: dict[str, dict[str, int]] = defaultdict(dict)
     for field, value in progress.items():

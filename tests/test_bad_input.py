@@ -411,3 +411,24 @@ def test_hostile_entries_pushed_into_a_running_cluster(cluster: Any, redis_url: 
     assert all(json.loads(v)["reason"] for v in cluster.redis.hvals(k.dead))
     assert cluster.items() == corpus_size(keywords_for("光明高钙牛奶"), "good.example", 0, 40, 60)
     assert all(not cluster.redis.llen(key) for key in hostile)
+
+
+def test_status_and_dead_letter_tools_read_garbage_without_failing(store: Store, raw: redis_lib.Redis) -> None:
+    from scheduler_ext import deadletter
+    from scheduler_ext.status import collect_status
+
+    k = store.keys
+    raw.hset(k.nodes, "n9", PICKLE)
+    raw.zadd(k.node_seen, {"n9": 1})
+    raw.hset(k.est_site("a.com"), "n9", b"[1]")
+    raw.sadd(k.agg_index, "a.com|n9")
+    raw.hset(k.controls, "c9", PICKLE)
+    raw.hset(k.dead, mapping={"d1": PICKLE, "d2": b'{"id": "d2", "kind": "virtual", "at": "soon"}'})
+    status = collect_status(store)
+    assert [n["id"] for n in status["nodes"]] == ["n9"] and status["controls"][0]["id"] == "c9"
+    entries = {e["id"]: e for e in deadletter.list_entries(store)}
+    assert entries["d1"]["kind"] == "unreadable" and "\\x80" in entries["d1"]["raw"]
+    with pytest.raises(InvalidInput, match="'d1'"):
+        deadletter.requeue(store, "d1")
+    deadletter.drop(store, "d1")
+    assert not store.redis.hexists(k.dead, "d1")
