@@ -15,7 +15,10 @@ from scrapy_redis.connection import get_redis_from_settings
 from .exceptions import ServiceUnavailable
 
 # Short timeouts: the node calls Redis from the reactor thread, so a call must fail fast rather than hang.
-_PARAMS = {"decode_responses": True, "socket_timeout": 5, "socket_connect_timeout": 5, "health_check_interval": 30}
+# surrogateescape: an entry that is not UTF-8 (a pickle pushed by hand) still reads, as text the decoders refuse
+# and that encodes back to the same bytes (scheduler_ext.store explains why).
+_PARAMS = {"decode_responses": True, "encoding_errors": "surrogateescape", "socket_timeout": 5,
+           "socket_connect_timeout": 5, "health_check_interval": 30}
 
 
 def redis_from_settings(settings: BaseSettings | dict[str, Any] | None = None) -> redis.Redis:

@@ -74,7 +74,8 @@ class Keys:
 
     @property
     def dead(self) -> str:
-        """Hash dead-letter id -> JSON {v, id, kind, reason, attempts, last_node, subtask | raw, at}."""
+        """Hash dead-letter id -> JSON {v, id, kind, reason, attempts, last_node, at, subtask | raw (+ size, source,
+        cut)}."""
         return self._k("dead")
 
     # --- nodes, control ----------------------------------------------------------------------------------
@@ -87,6 +88,11 @@ class Keys:
     def node_seen(self) -> str:
         """Sorted set node id -> last heartbeat (Redis time, seconds)."""
         return self._k("node_seen")
+
+    @property
+    def controls(self) -> str:
+        """Hash control id -> JSON {leader, at, ok_at, failed_in_row, last_error, alarm}: each control's last tick."""
+        return self._k("controls")
 
     @property
     def leader(self) -> str:
@@ -114,6 +120,17 @@ class Keys:
     def est_group_site(self, group: str, site: str) -> str:
         """Hash node -> JSON {spp, runs, last}: seconds per page of every node for one (product, site)."""
         return self._k(f"est:gs:{group}|{site}")
+
+    @property
+    def est_dirty(self) -> str:
+        """Set of the estimates changed since the control last read them: "s|<node>|<site>" and
+        "g|<node>|<site>|<product>" (added by the finish script, taken by the leading control)."""
+        return self._k("est:dirty")
+
+    @property
+    def est_groups(self) -> str:
+        """Set of the "<product>|<site>" pairs that have an ``est:gs`` hash (so the control reads only those)."""
+        return self._k("est:groups")
 
     @property
     def agg_index(self) -> str:

@@ -1,7 +1,8 @@
 """A snapshot of a deployment for people and scripts: what ``scrapy status --json`` prints (docs/status.md).
 
-The JSON form is a stable contract (schema version ``v``): queues, nodes, completion per (site, node), seconds per
-page per (product, site, node), per-product progress, per-node scheduling counts, cluster counters.
+The JSON form is a stable contract (schema version ``v``): queues, nodes, controls (each control's last tick and
+whether it is stuck), completion per (site, node), seconds per page per (product, site, node), per-product progress,
+per-node scheduling counts, cluster counters.
 """
 
 from __future__ import annotations
@@ -22,12 +23,41 @@ def _num(value: Any, kind: type = float) -> Any:
         return None
 
 
-def _estimate(raw: str | None) -> dict[str, Any]:
-    return json.loads(raw) if raw else {}
+def _object(raw: str | None) -> dict[str, Any]:
+    """A JSON object read from Redis, or {} if it is missing or anything else (status shows what it can)."""
+    try:
+        value = json.loads(raw) if raw else {}
+    except (ValueError, RecursionError):
+        return {}
+    return value if isinstance(value, dict) else {}
 
 
-def collect_status(store: Store, recall_threshold: float = 60.0) -> dict[str, Any]:
-    """Everything ``scrapy status`` shows, as plain JSON-ready data. Cost: O(nodes x sites + products)."""
+def control_rows(controls: dict[str, str], leader: str | None) -> list[dict[str, Any]]:
+    """Each control's last tick as it reported it (``controls`` hash), read defensively.
+
+    ``stuck`` is true once ``failed_in_row`` reached the control's alarm (``SCHEDEXT_TICK_ALARM``); ``at`` and
+    ``ok_at`` are the control's clock (Unix seconds) at its last tick and last good tick.
+    """
+    rows = []
+    for cid, raw in sorted(controls.items()):
+        info = _object(raw)
+        failed = _num(info.get("failed_in_row"), int) or 0
+        alarm = _num(info.get("alarm"), int) or 5
+        rows.append({"id": cid, "leader": cid == leader, "at": _num(info.get("at")),
+                     "ok_at": _num(info.get("ok_at")), "failed_in_row": failed, "stuck": failed >= alarm,
+                     "last_error": str(info.get("last_error") or "")})
+    return rows
+
+
+def collect_status(store: Store, node_timeout: float = 60.0, *, recall_threshold: float | None = None
+                   ) -> dict[str, Any]:
+    """Everything ``scrapy status`` shows, as plain JSON-ready data. Cost: O(nodes x sites + products).
+
+    A node is alive if its last heartbeat is at most ``node_timeout`` seconds old (``Config.node_timeout``);
+    ``recall_threshold`` is its older name, kept for callers that pass it by keyword.
+    """
+    if recall_threshold is not None:
+        node_timeout = recall_threshold
     r, k = store.redis, store.keys
     now = store.now()
     node_ids = set(r.hkeys(k.nodes)) | set(r.zrange(k.node_seen, 0, -1))
@@ -44,6 +74,7 @@ def collect_status(store: Store, recall_threshold: float = 60.0) -> dict[str, An
         pipe.get(k.leader)
         pipe.hgetall(k.counters)
         pipe.hgetall(k.progress)
+        pipe.hgetall(k.controls)
         for n in nodes:
             pipe.llen(k.crawl(n))
             pipe.hget(k.nodes, n)
@@ -57,24 +88,24 @@ def collect_status(store: Store, recall_threshold: float = 60.0) -> dict[str, An
             group, site, node = t.rsplit("|", 2)
             pipe.hget(k.est_group_site(group, site), node)
         rows = pipe.execute()
-    virtual, sleeping, failed, waiting, leased, dead, leader, counters, progress = rows[:9]
-    pos = 9
+    virtual, sleeping, failed, waiting, leased, dead, leader, counters, progress, controls = rows[:10]
+    pos = 10
     node_rows = []
     crawl: dict[str, int] = {}
     for n in nodes:
         qlen, raw, seen, counts = rows[pos:pos + 4]
         pos += 4
-        info = json.loads(raw) if raw else {}
+        info = _object(raw)
         crawl[n] = int(qlen)
         node_rows.append({
-            "id": n, "alive": seen is not None and now - float(seen) <= recall_threshold,
+            "id": n, "alive": seen is not None and now - float(seen) <= node_timeout,
             "type": info.get("type"), "address": info.get("address"), "host": info.get("host"),
             "pid": info.get("pid"), "last_seen": _num(seen), "subtasks": info.get("subtasks", []),
             "crawl_queue": int(qlen), "counts": {c: int(counts.get(c, 0)) for c in NODE_COUNTS}})
     completion: dict[str, dict[str, Any]] = defaultdict(dict)
     for p in pairs:
         site, node = p.rsplit("|", 1)
-        h, est = rows[pos], _estimate(rows[pos + 1])
+        h, est = rows[pos], _object(rows[pos + 1])
         pos += 2
         offered, collected = int(h.get("offered", 0)), int(h.get("collected", 0))
         completion[site][node] = {
@@ -85,7 +116,7 @@ def collect_status(store: Store, recall_threshold: float = 60.0) -> dict[str, An
     spp: dict[str, dict[str, dict[str, float | None]]] = defaultdict(lambda: defaultdict(dict))
     for t in triples:
         group, site, node = t.rsplit("|", 2)
-        spp[group][site][node] = _num(_estimate(rows[pos]).get("spp"))
+        spp[group][site][node] = _num(_object(rows[pos]).get("spp"))
         pos += 1
     products: dict[str, dict[str, int]] = defaultdict(dict)
     for field, value in progress.items():
@@ -96,6 +127,7 @@ def collect_status(store: Store, recall_threshold: float = 60.0) -> dict[str, An
         "queues": {"virtual": int(virtual), "waiting": int(waiting), "crawl": crawl, "leased": int(leased),
                    "sleeping": int(sleeping), "failed": int(failed), "dead": int(dead)},
         "nodes": node_rows,
+        "controls": control_rows(controls, leader),
         "completion": {s: dict(v) for s, v in sorted(completion.items())},
         "seconds_per_page": {g: {s: dict(n) for s, n in v.items()} for g, v in sorted(spp.items())},
         "products": {g: {"tasks": v.get("tasks", 0), "done": v.get("done", 0), "collected": v.get("collected", 0),

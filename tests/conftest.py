@@ -126,9 +126,14 @@ def cluster(redis_url: str, mongo_uri: str, prefix: str, mongo_db: str, tmp_path
                      log_dir=tmp_path / "logs", settings=dict(FAST_SETTINGS))
     yield c
     c.stop()
+    print_logs_if_failed(request, tmp_path / "logs")
+
+
+def print_logs_if_failed(request: pytest.FixtureRequest, log_dir: Path) -> None:
+    """If the test failed, print the tail of every process log in ``log_dir`` to help the reader."""
     report = getattr(request.node, "rep_call", None)
     if report is not None and report.failed:
-        for log in sorted((tmp_path / "logs").glob("*.log")):
+        for log in sorted(log_dir.glob("*.log")):
             print(f"----- {log.name} (tail) -----")
             print("\n".join(log.read_text(errors="replace").splitlines()[-40:]))
 

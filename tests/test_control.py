@@ -15,7 +15,7 @@ from product_crawl.tasks import splitter
 from scheduler_ext.control import Control
 from scheduler_ext.keys import Keys
 from scheduler_ext.models import Report, Subtask
-from scheduler_ext.store import Store
+from scheduler_ext.store import Guard, Store
 from scheduler_ext.strategies.allocation import DynamicAllocation, SharedAllocation
 from scheduler_ext.strategies.modification import DynamicModification, FixedModification
 from scheduler_ext.strategies.recall import DynamicRecall, NoRecall
@@ -280,3 +280,52 @@ def test_a_failed_subtask_is_recalled_from_the_first_page_it_did_not_crawl(store
     nxt = Subtask.from_json(store.redis.lindex(store.keys.crawl("n1"), 0))
     assert (nxt.first_page, nxt.page_limit) == (3, 3)
     assert store.redis.hget(store.keys.node_counters("n1"), "modified") is None
+
+
+# --- decide, without Redis -----------------------------------------------------------------------------------------
+
+
+class NoEstimates:
+    def completion(self, site: str, node: str) -> None:
+        return None
+
+    def seconds_per_page(self, group: str, site: str, node: str) -> None:
+        return None
+
+
+def test_decide_is_a_function_of_the_snapshot_and_splits_then_allocates_in_one_tick() -> None:
+    from scheduler_ext.control import CountingIds, Entry, Snapshot, Strategies, decide
+    from scheduler_ext.strategies import NodeView
+
+    keys = Keys("{sim}")
+    raw = json.dumps({"name": "p", "sites": ["a.com", "b.com"]})
+    snap = Snapshot(keys=keys, now=100.0, estimates=NoEstimates(), ids=CountingIds(),
+                    virtual=[Entry(keys.virtual, raw, len(raw))],
+                    nodes=[NodeView(id="n1", types=[0, 1], free=1)])
+    strategies = Strategies(allocation=SharedAllocation(), modification=FixedModification(3, 20.0),
+                            recall=DynamicRecall(), splitter=splitter)
+    decisions = decide(snap, strategies, 100.0)
+    assert [d.kind for d in decisions] == ["split", "allocate"]
+    assert decisions[0].guards == [Guard.tail_is(keys.virtual, raw)]
+    placed = [w for w in decisions[1].writes if w[0] == "lpush"]
+    assert placed and placed[0][1] == keys.crawl("n1") and Subtask.from_json(placed[0][2]).site == "a.com"
+
+
+def test_estimates_are_kept_across_ticks_and_only_changed_fields_are_read_again(store: Store) -> None:
+    inject(store, {"name": "p", "sites": ["a.com"]}, {"name": "q", "sites": ["a.com"]})
+    store.heartbeat("n1", NODE_INFO, 30, [])
+    control = make_control(store, allocation=DynamicAllocation())
+    control.tick()  # loads a.com's estimates (none yet) and explores n1 on it
+    assert control.estimates.completion("a.com", "n1") is None
+    reads = control.estimates.reads
+    st, token, _ = take(store, "n1")
+    assert finish(store, "n1", st, token, collected=15)  # 15 of 30 offered
+    assert store.redis.scard(store.keys.est_dirty) == 2  # the site's field and the product's field
+    control.tick()
+    assert store.redis.scard(store.keys.est_dirty) == 0
+    c = control.estimates.completion("a.com", "n1")
+    assert c is not None and c.value == 0.5 and c.runs == 1
+    assert control.estimates.reads - reads <= 3  # the changed fields (and the new product's pair), not every hash
+    control.is_leader = False  # as after losing the lead: the next tick starts afresh
+    control.tick()
+    assert control.estimates.completion("a.com", "n1") == c

@@ -234,6 +234,7 @@ def test_collect_status(store: Store) -> None:
         "leader",
         "queues",
         "nodes",
+        "controls",
         "completion",
         "seconds_per_page",
         "products",

@@ -11,7 +11,7 @@ from typing import Any
 from scrapy.commands import ScrapyCommand
 
 from product_crawl.commands._base import OutputClosed, open_store, write_line
-from scheduler_ext.defaults import setting_float
+from scheduler_ext.config import Config
 from scheduler_ext.status import collect_status
 
 
@@ -40,7 +40,12 @@ def render(status: dict[str, Any]) -> list[str]:
     lines = [f"prefix {status['prefix']}   leader {status['leader'] or '-'}",
              f"queues: virtual {q['virtual']}  waiting {q['waiting']}  leased {q['leased']}  sleeping {q['sleeping']}"
              f"  failed {q['failed']}  dead {q['dead']}  crawl " +
-             (", ".join(f"{n}={c}" for n, c in q["crawl"].items()) or "-"), ""]
+             (", ".join(f"{n}={c}" for n, c in q["crawl"].items()) or "-")]
+    for c in status.get("controls", []):
+        state = (f"STUCK: {c['failed_in_row']} failed ticks in a row ({c['last_error']})" if c["stuck"] else
+                 f"{c['failed_in_row']} failed tick(s) in a row ({c['last_error']})" if c["failed_in_row"] else "ok")
+        lines.append(f"control {c['id']}{' (leader)' if c['leader'] else ''}: {state}")
+    lines.append("")
     nodes = status["nodes"]
     lines += table(["node", "alive", "type", "address", "subtasks", "moved out", "moved in", "modified",
                     "recalled", "dead"],
@@ -84,7 +89,7 @@ class Command(ScrapyCommand):
         if store is None:
             self.exitcode = 1
             return
-        threshold = setting_float(self.settings, "SCHEDEXT_RECALL_THRESHOLD")
+        threshold = Config.from_settings(self.settings).node_timeout
         try:
             while True:
                 status = collect_status(store, threshold)

@@ -38,7 +38,15 @@ class NodeView:
 
 
 class Estimates(Protocol):
-    """Run-control data read by the strategies (from the aggregates the nodes' finish script maintains)."""
+    """Run-control data read by the strategies (from the aggregates the nodes' finish script maintains).
+
+    The control's implementation (:class:`scheduler_ext.control.EstimateCache`) also offers, optionally for any
+    other implementation, every node's figures at once: ``site_figures(site) -> {node: (completion,
+    site-wide seconds per page)}`` and ``group_figures(group, site) -> {node: seconds per page}`` (only nodes with
+    a figure for that product). :class:`~scheduler_ext.strategies.allocation.DynamicAllocation` uses them when
+    present to rank nodes once per site; a mapping from ``site_figures`` must be a new object whenever its content
+    changes (it is cached by identity).
+    """
 
     def completion(self, site: str, node: str) -> Estimate | None:
         """Collected / offered results of ``node`` on ``site``, None if it never ran there."""
@@ -48,7 +56,16 @@ class Estimates(Protocol):
 
 
 class Allocation(abc.ABC):
-    """Decides which waiting subtasks go to which node's crawl queue now."""
+    """Decides which waiting subtasks go to which node's crawl queue now.
+
+    Called once per control tick from :func:`scheduler_ext.control.decide` (also by a simulator driving
+    ``decide``). ``subtasks`` is a window of ``waiting`` in priority order (``32 + 2 x`` the free slots), with the
+    subtasks this tick created merged in; ``nodes`` are the live nodes, ``free`` their free crawl-queue slots.
+    The control checks the contract below and ignores assignments that break it. If ``allocate`` raises, the
+    control calls it again with each subtask alone and dead-letters (requeueably) only the subtasks it raises for:
+    raising is safe, but costs a call per subtask. Keep a call's cost proportional to the subtasks and free
+    slots, not to subtasks x nodes: at 1,000 nodes the whole tick has ~250 ms.
+    """
 
     @abc.abstractmethod
     def allocate(self, subtasks: Sequence[Subtask], nodes: Sequence[NodeView], estimates: Estimates,
@@ -56,7 +73,7 @@ class Allocation(abc.ABC):
         """Assignments (subtask, node id) for some of ``subtasks`` (given in priority order).
 
         Contract: only live nodes of the subtask's type; never more assignments to a node than its ``free``;
-        a subtask at most once; subtasks left out stay waiting for a later tick.
+        a subtask at most once (the very object passed in); subtasks left out stay waiting for a later tick.
         """
 
 

@@ -27,13 +27,15 @@ told the truth, lives with the simulated web that knows it (product_crawl/oracle
 
 from __future__ import annotations
 
+import heapq
+import math
 import zlib
 from collections.abc import Sequence
 from typing import Any
 
-from ..defaults import setting_float, setting_int
+from ..config import config_for
 from ..models import Subtask
-from . import Allocation, Estimates, NodeView
+from . import Allocation, Estimate, Estimates, NodeView
 
 
 def _candidates(subtask: Subtask, nodes: Sequence[NodeView]) -> list[NodeView]:
@@ -42,7 +44,168 @@ def _candidates(subtask: Subtask, nodes: Sequence[NodeView]) -> list[NodeView]:
     return preferred or typed
 
 
+_MIN_SPP = 1e-3  # seconds per page below which a rate is not believed (a division guard)
+
+
+def _spp(e: Estimate | None) -> float:
+    """Seconds per page used in a rate: the estimate if positive, else 1 s (failures only: no speed known yet;
+    the low completion still ranks the node)."""
+    return e.value if e is not None and e.value > 0 else 1.0
+
+
+class _PerNode:
+    """:class:`Estimates` without ``site_figures``/``group_figures`` (a simulator's, a test's), asked node by
+    node: every node's product figure is taken as an override, which is exact and costs O(nodes) per key."""
+
+    def __init__(self, estimates: Estimates, nodes: Sequence[NodeView]) -> None:
+        self.estimates, self.nodes = estimates, nodes
+
+    def site_figures(self, site: str) -> dict[str, tuple[Estimate | None, Estimate | None]]:
+        return {n.id: (self.estimates.completion(site, n.id), None) for n in self.nodes}
+
+    def group_figures(self, group: str, site: str) -> dict[str, Estimate | None]:
+        return {n.id: self.estimates.seconds_per_page(group, site, n.id) for n in self.nodes}
+
+
+class _Ranking:
+    """The candidates of one (site, node type) ranked by their site-wide figures: built once, kept across calls
+    while the live nodes, the site's figures (the same mapping object) and the time (no estimate goes stale)
+    allow."""
+
+    def __init__(self, alloc: DynamicAllocation, typed: list[tuple[int, str]],
+                 figures: dict[str, tuple[Estimate | None, Estimate | None]], now: float) -> None:
+        self.ids = {nid for _, nid in typed}
+        self.index = {nid: idx for idx, nid in typed}
+        self.c: dict[str, float] = {}  # explored nodes -> completion
+        self.spp: dict[str, float] = {}  # explored nodes -> site-wide seconds per page (as used in a rate)
+        self.unexplored: list[str] = []  # in node order
+        self.valid_until = math.inf  # when the first explored estimate goes stale
+        for _, nid in typed:
+            c, p = figures.get(nid, (None, None))
+            if c is None or c.runs < alloc.explore_runs or now - c.last_run > alloc.stale_after:
+                self.unexplored.append(nid)
+                continue
+            self.c[nid], self.spp[nid] = c.value, _spp(p)
+            self.valid_until = min(self.valid_until, c.last_run + alloc.stale_after)
+        self.by_spp = sorted((self.spp[n], self.index[n], n) for n in self.c)
+        self.by_rate = sorted((-self.rate(n), self.index[n], n) for n in self.c)
+        self._under: dict[float, list[tuple[float, int, str]]] = {}
+
+    def under(self, threshold: float) -> list[tuple[float, int, str]]:
+        """``by_rate`` without the nodes slower than ``threshold`` seconds per page (kept per threshold)."""
+        rows = self._under.get(threshold)
+        if rows is None:
+            spp = self.spp
+            rows = self._under[threshold] = [row for row in self.by_rate if spp[row[2]] <= threshold]
+        return rows
+
+    def rate(self, nid: str, spp: float | None = None) -> float:
+        return self.c[nid] / max(self.spp[nid] if spp is None else spp, _MIN_SPP)
+
+
+class _Site:
+    """One (site, node type) within one allocate call: its ranking plus what this call's free slots make of it."""
+
+    def __init__(self, site: str, ranking: _Ranking, free: dict[str, int]) -> None:
+        self.site, self.ranking, self.free = site, ranking, free
+        self.explore_at = 0  # unexplored nodes before this point are full or being explored: skip them for all
+        self._free_lists: dict[float, _FreeList] = {}
+
+    def free_list(self, threshold: float) -> _FreeList:
+        """The free explored nodes no slower than ``threshold``, best rate first (shared per threshold)."""
+        fl = self._free_lists.get(threshold)
+        if fl is None:  # full nodes are skipped as they are met (_FreeList.first), not filtered here
+            fl = self._free_lists[threshold] = _FreeList(self.ranking.under(threshold))
+        return fl
+
+
+class _FreeList:
+    """Nodes in rank order; ``first(i)`` skips the ones that filled up (path-compressed: amortized O(1))."""
+
+    def __init__(self, rows: list[tuple[float, int, str]]) -> None:
+        self.rows = rows
+        self.nxt = list(range(1, len(rows) + 1))
+
+    def first(self, i: int, free: dict[str, int]) -> int:
+        path = []
+        rows, nxt = self.rows, self.nxt
+        while i < len(rows) and free[rows[i][2]] <= 0:
+            path.append(i)
+            i = nxt[i]
+        for p in path:
+            nxt[p] = i
+        return i
+
+
+class _Class:
+    """Subtasks that rank nodes alike: same site and type, same nodes excluded, same product figures (most
+    products have none). Within a class the greedy only ever needs its first subtask past its patience and its
+    first one within it (priority order): they beat the others on every node."""
+
+    def __init__(self, site: _Site, excluded: set[str], overrides: dict[str, float], slow_factor: float,
+                 rate_floor: float) -> None:
+        r = site.ranking
+        self.site = site
+        self.skip = excluded | overrides.keys()
+        o_rates = {n: r.rate(n, spp) for n, spp in overrides.items()}
+        base_best = next((spp for spp, _, n in r.by_spp if n not in self.skip), None)
+        candidates = [*overrides.values(), *([base_best] if base_best is not None else [])]
+        self.known = bool(candidates)
+        self.queues: tuple[list[tuple[int, Subtask]], list[tuple[int, Subtask]]] = ([], [])  # (aged, fresh)
+        self.heads = [0, 0]
+        if not self.known:
+            return
+        t = slow_factor * min(candidates)
+        best_o = max((v for n, v in o_rates.items() if overrides[n] <= t), default=None)
+        best_b = next((-negr for negr, _, n in r.by_rate if n not in self.skip and r.spp[n] <= t), None)
+        rates = [v for v in (best_o, best_b) if v is not None]
+        self.known = bool(rates)  # the fastest node is always eligible: empty only if rates are not numbers
+        self.floors = (0.0, rate_floor * max(rates, default=0.0))  # aged subtasks take any eligible node
+        self.free_list = site.free_list(t)
+        self.others = sorted((-v, r.index[n], n) for n, v in o_rates.items() if overrides[n] <= t)
+        self.i, self.j = 0, 0
+
+    def best(self, aged: bool, free: dict[str, int]) -> tuple[float, int, str] | None:
+        """The best free eligible node for this class's subtasks (aged or not), as (-rate, node index, id)."""
+        fl = self.free_list
+        i = fl.first(self.i, free)
+        while i < len(fl.rows) and fl.rows[i][2] in self.skip:
+            i = fl.first(i + 1, free)
+        self.i = i
+        while self.j < len(self.others) and free[self.others[self.j][2]] <= 0:
+            self.j += 1
+        a = fl.rows[i] if i < len(fl.rows) else None
+        b = self.others[self.j] if self.j < len(self.others) else None
+        pick = a if b is None or (a is not None and a[:2] < b[:2]) else b
+        if pick is None:
+            return None
+        rate = -pick[0]
+        # Past its patience even a node that collected nothing so far may try (and fail: recall decides).
+        if rate < self.floors[not aged] or (rate <= 0 and not aged):
+            return None
+        return pick
+
+    def head(self, aged: bool) -> tuple[int, Subtask] | None:
+        q, h = self.queues[not aged], self.heads[not aged]
+        return q[h] if h < len(q) else None
+
+
 class DynamicAllocation(Allocation):
+    """The paper's allocation (see the module docstring), in time proportional to what it allocates.
+
+    Work per call: each (site, node type) ranks its candidate nodes once and keeps that ranking across calls
+    until a node joins or leaves, the site's estimates change or one goes stale; subtasks that rank nodes alike
+    (same site, type, avoided nodes and product figures) form one class; the greedy matching takes the best
+    remaining (subtask, free node) pair from a heap holding the first subtask of each class, skipping filled
+    nodes in amortized O(1). That is O(window + free slots x log), not O(window x nodes), and it chooses exactly
+    the pairs of the plain greedy over every (subtask, node) pair (tests/test_allocation.py checks this against
+    that reference).
+
+    ``estimates`` may offer ``site_figures(site)`` and ``group_figures(group, site)`` (every node at once, as
+    :class:`scheduler_ext.control.EstimateCache` does; a mapping returned by ``site_figures`` must be a new
+    object when its content changes); without them each node is asked in turn (exact, O(nodes) per product).
+    """
+
     def __init__(self, *, explore_runs: int = 1, stale_after: float = 600.0, slow_factor: float = 3.0,
                  rate_floor: float = 0.6, patience: float = 30.0, explore_timeout: float = 60.0) -> None:
         self.explore_runs = explore_runs
@@ -52,16 +215,13 @@ class DynamicAllocation(Allocation):
         self.patience = patience
         self.explore_timeout = explore_timeout
         self._exploring: dict[tuple[str, str], float] = {}  # (site, node) -> when an exploration was sent
+        self._rankings: dict[tuple[str, int], tuple[Any, Any, _Ranking]] = {}  # -> (nodes, figures, ranking)
 
     @classmethod
     def from_crawler(cls, crawler: Any) -> DynamicAllocation:
-        s = crawler.settings
-        return cls(explore_runs=setting_int(s, "SCHEDEXT_EXPLORE_RUNS"),
-                   stale_after=setting_float(s, "SCHEDEXT_ESTIMATE_STALE"),
-                   slow_factor=setting_float(s, "SCHEDEXT_SLOW_FACTOR"),
-                   rate_floor=setting_float(s, "SCHEDEXT_RATE_FLOOR"),
-                   patience=setting_float(s, "SCHEDEXT_PATIENCE"),
-                   explore_timeout=setting_float(s, "SCHEDEXT_RECALL_THRESHOLD"))
+        c = config_for(crawler)
+        return cls(explore_runs=c.explore_runs, stale_after=c.estimate_stale, slow_factor=c.slow_factor,
+                   rate_floor=c.rate_floor, patience=c.patience, explore_timeout=c.recall_age)
 
     def rate(self, subtask: Subtask, node: NodeView, estimates: Estimates, now: float) -> tuple[float, float] | None:
         """(expected results per second, seconds per page) of ``node`` for ``subtask``; None if unexplored."""
@@ -69,13 +229,109 @@ class DynamicAllocation(Allocation):
         p = estimates.seconds_per_page(subtask.group, subtask.site, node.id)
         if c is None or c.runs < self.explore_runs or now - c.last_run > self.stale_after:
             return None
-        spp = p.value if p is not None and p.value > 0 else None
-        if spp is None:  # failures only so far: no speed known; its completion (low) still ranks it
-            spp = 1.0
-        return c.value / max(spp, 1e-3), spp
+        spp = _spp(p)
+        return c.value / max(spp, _MIN_SPP), spp
+
+    def _ranking(self, site: str, node_type: int, nodes: Sequence[NodeView], signature: Any, figures: Any,
+                 now: float) -> _Ranking:
+        site_figures = figures.site_figures(site)
+        cached = self._rankings.get((site, node_type))
+        if cached is not None and cached[0] == signature and cached[1] is site_figures \
+                and now <= cached[2].valid_until and not isinstance(figures, _PerNode):
+            return cached[2]
+        typed = [(i, n.id) for i, n in enumerate(nodes) if node_type in n.types]
+        ranking = _Ranking(self, typed, site_figures, now)
+        self._rankings[(site, node_type)] = (signature, site_figures, ranking)
+        return ranking
 
     def allocate(self, subtasks: Sequence[Subtask], nodes: Sequence[NodeView], estimates: Estimates,
                  now: float) -> list[tuple[Subtask, str]]:
+        if type(self).rate is not DynamicAllocation.rate:  # a subclass rates pairs its own way (the oracle)
+            return self.allocate_pairwise(subtasks, nodes, estimates, now)
+        self._exploring = {k: t for k, t in self._exploring.items() if now - t < self.explore_timeout}
+        free = {n.id: max(0, n.free) for n in nodes}
+        if not any(free.values()) or not subtasks:
+            return []
+        figures: Any = estimates if hasattr(estimates, "site_figures") and hasattr(estimates, "group_figures") \
+            else _PerNode(estimates, nodes)
+        signature = [(n.id, n.types) for n in nodes]
+        if len(self._rankings) > 10_000:  # sites no longer seen
+            self._rankings.clear()
+        sites: dict[tuple[str, int], _Site] = {}
+        keys: dict[tuple[Any, ...], _Class] = {}
+        classes: dict[tuple[Any, ...], _Class] = {}
+        result: list[tuple[Subtask, str]] = []
+        for order, st in enumerate(subtasks):
+            site = sites.get((st.site, st.type))
+            if site is None:
+                ranking = self._ranking(st.site, st.type, nodes, signature, figures, now)
+                site = sites[(st.site, st.type)] = _Site(st.site, ranking, free)
+            avoided = site.ranking.ids.intersection(st.avoid)
+            excluded = avoided if avoided != site.ranking.ids else set()  # none else alive: the avoided will do
+            # Exploration first, in priority order: one subtask per unexplored (site, node) pair.
+            nid = self._explore(site, excluded, free)
+            if nid is not None:
+                self._exploring[(st.site, nid)] = now
+                free[nid] -= 1
+                result.append((st, nid))
+                continue
+            kk = (st.group, st.site, st.type, frozenset(excluded))
+            cls = keys.get(kk)
+            if cls is None:
+                c = site.ranking.c
+                overrides = {n: _spp(e) for n, e in figures.group_figures(st.group, st.site).items()
+                             if e is not None and n in c and n not in excluded}
+                ck = (st.site, st.type, kk[3], tuple(sorted(overrides.items())))
+                cls = classes.get(ck)
+                if cls is None:
+                    cls = classes[ck] = _Class(site, excluded, overrides, self.slow_factor, self.rate_floor)
+                keys[kk] = cls
+            if cls.known:
+                cls.queues[now - st.since < self.patience].append((order, st))
+        # Greedy: subtasks past their patience first, then the highest rate, then priority. The heap holds the
+        # best pair of each class's first aged and first fresh subtask; a popped pair whose node filled up
+        # meanwhile goes back with its next best (keys only get worse), so the pairs chosen are exactly those of
+        # the greedy over every (subtask, node) pair.
+        ready: list[tuple[bool, float, int, int, int, _Class]] = []
+        for n, cls in enumerate(classes.values()):
+            for aged in (True, False):
+                self._push(ready, cls, aged, free, n)
+        heapq.heapify(ready)
+        while ready:
+            entry = heapq.heappop(ready)
+            aged, cls, n = not entry[0], entry[5], entry[4]
+            best, head = cls.best(aged, free), cls.head(aged)
+            if best is None or head is None:
+                continue
+            if (best[0], best[1]) != (entry[1], entry[3]):
+                heapq.heappush(ready, (entry[0], best[0], head[0], best[1], n, cls))
+                continue
+            free[best[2]] -= 1
+            result.append((head[1], best[2]))
+            cls.heads[not aged] += 1
+            self._push(ready, cls, aged, free, n, heap=True)
+        return result
+
+    @staticmethod
+    def _push(ready: list[tuple[bool, float, int, int, int, _Class]], cls: _Class, aged: bool,
+              free: dict[str, int], n: int, heap: bool = False) -> None:
+        head = cls.head(aged)
+        best = cls.best(aged, free) if head is not None else None
+        if head is None or best is None:
+            return
+        entry = (not aged, best[0], head[0], best[1], n, cls)
+        if heap:
+            heapq.heappush(ready, entry)
+        else:
+            ready.append(entry)
+
+    def allocate_pairwise(self, subtasks: Sequence[Subtask], nodes: Sequence[NodeView], estimates: Estimates,
+                          now: float) -> list[tuple[Subtask, str]]:
+        """The same choice through :meth:`rate` for every (subtask, candidate node) pair: O(window x nodes).
+
+        The specification of :meth:`allocate`, and the path for subclasses that override :meth:`rate` (whose
+        rates need not come from the estimates, so cannot be ranked once per site).
+        """
         free = {n.id: n.free for n in nodes if n.free > 0}
         self._exploring = {k: t for k, t in self._exploring.items() if now - t < self.explore_timeout}
         pairs: list[tuple[bool, float, int, Subtask, str]] = []
@@ -95,8 +351,6 @@ class DynamicAllocation(Allocation):
                 continue
             best_spp = min(spp for _, spp in known.values())
             eligible = {nid: r for nid, (r, spp) in known.items() if spp <= self.slow_factor * best_spp}
-            if not eligible:
-                continue
             best_rate = max(eligible.values())
             aged = now - st.since >= self.patience
             floor = 0.0 if aged else self.rate_floor * best_rate
@@ -104,23 +358,33 @@ class DynamicAllocation(Allocation):
                 # Past its patience even a node that collected nothing so far may try (and fail: recall decides).
                 if nid in free and r >= floor and (r > 0 or aged):
                     pairs.append((aged, r, order, st, nid))
-        assigned: dict[str, str] = {}
+        assigned: set[str] = set()
         result: list[tuple[Subtask, str]] = []
-
-        def take(st: Subtask, nid: str) -> None:
-            assigned[st.id] = nid
-            free[nid] -= 1
-            result.append((st, nid))
-
         # Exploration first, in priority order: one subtask per unexplored (site, node) pair.
         for _, st, nid in explore:
             if st.id not in assigned and free.get(nid, 0) > 0 and (st.site, nid) not in self._exploring:
                 self._exploring[(st.site, nid)] = now
-                take(st, nid)
+                assigned.add(st.id)
+                free[nid] -= 1
+                result.append((st, nid))
         for _, _, _, st, nid in sorted(pairs, key=lambda p: (not p[0], -p[1], p[2])):
             if st.id not in assigned and free.get(nid, 0) > 0:
-                take(st, nid)
+                assigned.add(st.id)
+                free[nid] -= 1
+                result.append((st, nid))
         return result
+
+    def _explore(self, base: _Site, excluded: set[str], free: dict[str, int]) -> str | None:
+        """The first unexplored free node of this site not yet being explored and not excluded; None if none."""
+        nodes = base.ranking.unexplored
+        while base.explore_at < len(nodes) and (free[nodes[base.explore_at]] <= 0
+                                                or (base.site, nodes[base.explore_at]) in self._exploring):
+            base.explore_at += 1  # filled or being explored: for the rest of this call, for every subtask
+        for i in range(base.explore_at, len(nodes)):  # past the shared point, skip only what this subtask avoids
+            nid = nodes[i]
+            if nid not in excluded and free[nid] > 0 and (base.site, nid) not in self._exploring:
+                return nid
+        return None
 
 
 class SharedAllocation(Allocation):

@@ -1,0 +1,113 @@
+"""DynamicAllocation in time proportional to what it allocates, checked against the plain greedy it replaced.
+
+``DynamicAllocation.allocate_pairwise`` is the former implementation, kept as the specification (and as the path of
+subclasses that rate pairs their own way, like the oracle): it rates every (subtask, node) pair and sorts them all
+(O(window x nodes)). The fast one must choose exactly the same pairs, in
+the same state, on random scenarios: explored, unexplored and stale pairs, product figures that override the
+site's, nodes to avoid, subtasks past their patience, zero speeds, ties.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+
+import pytest
+
+from scheduler_ext.models import Subtask
+from scheduler_ext.strategies import Estimate, Estimates, NodeView
+from scheduler_ext.strategies.allocation import DynamicAllocation
+
+NOW = 10_000.0
+
+
+class ReferenceAllocation(DynamicAllocation):
+    """The plain greedy over every (subtask, node) pair, rated one by one through ``rate`` (the specification)."""
+
+    def allocate(self, subtasks: Sequence[Subtask], nodes: Sequence[NodeView], estimates: Estimates,
+                 now: float) -> list[tuple[Subtask, str]]:
+        return self.allocate_pairwise(subtasks, nodes, estimates, now)
+
+
+class Figures:
+    """Estimates as the control's cache holds them: per site (completion, site seconds per page) and per
+    (product, site) seconds per page, for the nodes that have them."""
+
+    def __init__(self) -> None:
+        self.sites: dict[str, dict[str, tuple[Estimate | None, Estimate | None]]] = {}
+        self.groups: dict[tuple[str, str], dict[str, Estimate | None]] = {}
+
+    def completion(self, site: str, node: str) -> Estimate | None:
+        entry = self.sites.get(site, {}).get(node)
+        return entry[0] if entry else None
+
+    def seconds_per_page(self, group: str, site: str, node: str) -> Estimate | None:
+        spp = self.groups.get((group, site), {}).get(node)
+        if spp is not None:
+            return spp
+        entry = self.sites.get(site, {}).get(node)
+        return entry[1] if entry else None
+
+    def site_figures(self, site: str) -> dict[str, tuple[Estimate | None, Estimate | None]]:
+        return self.sites.get(site, {})
+
+    def group_figures(self, group: str, site: str) -> dict[str, Estimate | None]:
+        return self.groups.get((group, site), {})
+
+
+class PlainEstimates:
+    """The same figures through the two-method protocol only (as a simulator may offer)."""
+
+    def __init__(self, figures: Figures) -> None:
+        self.completion = figures.completion
+        self.seconds_per_page = figures.seconds_per_page
+
+
+def scenario(seed: int) -> tuple[list[Subtask], list[NodeView], Figures]:
+    rng = random.Random(seed)
+    sites = [f"s{i}.com" for i in range(rng.randint(1, 4))]
+    groups = [f"g{i}" for i in range(rng.randint(1, 4))]
+    nodes = [NodeView(id=f"n{i}", types=rng.choice([[0], [1], [0, 1]]), free=rng.choice([0, 1, 1, 2]))
+             for i in range(rng.randint(1, 12))]
+    speeds = [0.0, 0.5, 1.0, 2.0]  # few values: ties happen
+    est = Figures()
+
+    def estimate() -> Estimate:
+        return Estimate(rng.choice(speeds + [rng.uniform(0.05, 4)]), rng.choice([0, 1, 3]),
+                        NOW - rng.choice([1, 100, 900]))
+
+    for site in sites:
+        est.sites[site] = {n.id: (Estimate(rng.choice([0.0, 0.5, 0.9, rng.random()]), rng.choice([0, 1, 5]),
+                                           NOW - rng.choice([1, 100, 900])),
+                                  estimate() if rng.random() < 0.9 else None)
+                           for n in nodes if rng.random() < 0.8}
+        for g in groups:
+            if rng.random() < 0.5:
+                est.groups[(g, site)] = {n.id: estimate() if rng.random() < 0.8 else None
+                                         for n in nodes if rng.random() < 0.4}
+    subtasks = [Subtask(id=f"t{i}", task=f"T{rng.randint(0, 5)}", site=rng.choice(sites), first_page=0,
+                        page_limit=5, time_limit=30.0, group=rng.choice(groups), type=rng.randint(0, 1),
+                        since=NOW - rng.choice([0, 10, 40]),
+                        avoid=[n.id for n in nodes if rng.random() < 0.15])
+                    for i in range(rng.randint(0, 30))]
+    return subtasks, nodes, est
+
+
+@pytest.mark.parametrize("seed", range(300))
+def test_indexed_allocation_chooses_exactly_what_the_plain_greedy_does(seed: int) -> None:
+    subtasks, nodes, est = scenario(seed)
+    rng = random.Random(seed)
+    params = {"explore_runs": rng.choice([1, 2]), "slow_factor": rng.choice([1.5, 3.0]),
+              "rate_floor": rng.choice([0.0, 0.6, 1.0]), "patience": 30.0, "stale_after": 600.0}
+    fast, plain, ref = DynamicAllocation(**params), DynamicAllocation(**params), ReferenceAllocation(**params)
+    for tick in range(3):  # exploration in flight carries over between calls, rankings are kept if unchanged
+        now = NOW + 20 * tick
+        if tick == 2:  # estimates change: a site's figures are a new mapping (as the control's cache does it)
+            site = subtasks[0].site if subtasks else next(iter(est.sites))
+            est.sites[site] = {n: (Estimate(1.0 - c.value, c.runs + 1, now) if c else None, p)
+                               for n, (c, p) in est.sites[site].items()}
+        want = [(s.id, n) for s, n in ref.allocate(subtasks, nodes, est, now)]
+        assert sorted((s.id, n) for s, n in fast.allocate(subtasks, nodes, est, now)) == sorted(want)
+        assert sorted((s.id, n) for s, n in plain.allocate(subtasks, nodes, PlainEstimates(est), now)) \
+            == sorted(want)
+        assert fast._exploring == ref._exploring == plain._exploring

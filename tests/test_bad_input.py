@@ -1,0 +1,434 @@
+"""Hostile input in every list and hash the control and the nodes read, against a real Redis.
+
+Each case pushes one bad entry by hand (bytes as they would arrive from ``redis-cli`` or another program: a
+pickle, invalid UTF-8, JSON of the wrong shape or types, oversized, deeply nested, huge lists, unknown engines,
+dotted paths to things that are not engines), then a valid virtual task behind it, and runs the control and a
+node (played by the store's own node operations, as tests/test_control.py does) until that task is done. The bad
+entry must end in the dead-letter list with a reason (or, where it is not an entry of work, be set aside without
+harm), and the valid work must complete: no entry can stop the loop.
+
+Plus property tests (hypothesis) of the decoders and of ``decide``: whatever the bytes, they raise InvalidInput
+or return a valid record, and ``decide`` returns decisions without raising.
+"""
+
+from __future__ import annotations
+
+import json
+import pickle
+from typing import Any
+
+import pytest
+import redis as redis_lib
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as hs
+from test_control import NODE_INFO, make_control  # noqa: I001  (tests/ is on the path)
+
+from product_crawl.tasks import splitter
+from scheduler_ext.control import CountingIds, Entry, Snapshot, Strategies, decide
+from scheduler_ext.exceptions import InvalidInput
+from scheduler_ext.keys import Keys
+from scheduler_ext.models import Report, Subtask, Task
+from scheduler_ext.store import Store
+from scheduler_ext.strategies import Allocation, NodeView
+from scheduler_ext.strategies.allocation import DynamicAllocation, SharedAllocation
+from scheduler_ext.strategies.modification import DynamicModification, FixedModification
+from scheduler_ext.strategies.recall import DynamicRecall
+
+VALID = {"name": "光明高钙牛奶", "sites": ["ok.example"]}
+PICKLE = pickle.dumps({"name": "x", "sites": ["a.com"]})
+
+
+@pytest.fixture
+def store(redis: redis_lib.Redis, prefix: str) -> Store:
+    return Store(redis, Keys(prefix))
+
+
+@pytest.fixture
+def raw(redis_url: str) -> redis_lib.Redis:
+    """A client that writes bytes as given (no encoding), as any other program could."""
+    return redis_lib.Redis.from_url(redis_url)
+
+
+def run_valid_task(store: Store, control: Any, node: str = "n1", ticks: int = 30) -> None:
+    """Push the valid virtual task, then tick and play the node until its task is done."""
+    store.redis.lpush(store.keys.virtual, json.dumps(VALID, ensure_ascii=False))
+    k = store.keys
+    for _ in range(ticks):
+        store.heartbeat(node, NODE_INFO, 30, [])
+        control.tick()
+        if store.redis.hget(k.progress, f"{VALID['name']}|done") == "1":
+            return
+        got = store.take(node, lease_ttl=30, grace=5)
+        if got is None:
+            continue
+        st = Subtask.from_json(got[0])
+        report = Report(subtask=st, node=node, outcome="done", reported=10, offered=10, collected=10,
+                        pages=st.page_limit, next_page=st.first_page + st.page_limit, exhausted=True,
+                        total_pages=1, started=got[2], ended=got[2] + 1)
+        store.finish(st.id, got[1], report.to_json(), node=node, site=st.site, group=st.group, offered=10,
+                     collected=10, pages=st.page_limit, seconds=1.0, ok=True, alpha=0.3, runs_maxlen=100)
+    raise AssertionError(f"the valid task behind the bad entry did not complete in {ticks} ticks")
+
+
+def dead(store: Store) -> list[dict[str, Any]]:
+    return [json.loads(v) for v in store.redis.hvals(store.keys.dead)]
+
+
+# --- every input list of the control ------------------------------------------------------------------------------
+
+BAD_ENTRIES: dict[str, bytes] = {
+    "pickle": PICKLE,
+    "invalid utf-8": b"\xff\xfe\x80 not text",
+    "nul bytes": b"\x00\x00\x00",
+    "empty": b"",
+    "json list": b"[1, 2, 3]",
+    "json number": b"42",
+    "json string": b'"name"',
+    "json null": b"null",
+    "deep nesting": b"[" * 100_000 + b"]" * 100_000,
+    "wrong types": json.dumps({"name": 7, "sites": "a.com", "v": "1"}).encode(),
+    "wrong version": json.dumps({**VALID, "v": 99}).encode(),
+    "unknown field": json.dumps({**VALID, "colour": "red"}).encode(),
+    "huge list of sites": json.dumps({"name": "x", "sites": [f"s{i}.com" for i in range(50_000)]}).encode(),
+    "huge list of keywords": json.dumps({"name": "x", "keywords": ["k"] * 50_000}).encode(),
+    "unknown engine": json.dumps({**VALID, "engines": ["google"]}).encode(),
+    "dotted path, not an engine": json.dumps({**VALID, "engines": ["os.path.join"]}).encode(),
+    "dotted path, no such module": json.dumps({**VALID, "engines": ["no_such_module.Engine"]}).encode(),
+    "oversized": b'{"name": "' + b"x" * 2_000_000 + b'"}',
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_ENTRIES))
+def test_bad_virtual_task_is_dead_lettered_and_work_behind_it_completes(
+        store: Store, raw: redis_lib.Redis, case: str) -> None:
+    raw.lpush(store.keys.virtual, BAD_ENTRIES[case])
+    run_valid_task(store, make_control(store))
+    [entry] = dead(store)
+    assert entry["kind"] == "virtual" and entry["reason"], entry
+    assert entry["source"] == store.keys.virtual
+    assert store.redis.llen(store.keys.virtual) == 0
+    if case in ("pickle", "invalid utf-8"):
+        assert "UTF-8" in entry["reason"] and "\\x" in entry["raw"]  # the bytes, shown safely
+    if case == "oversized":
+        assert entry["cut"] and entry["size"] > 2_000_000 and "SCHEDEXT_MAX_ENTRY_BYTES" in entry["reason"]
+
+
+@pytest.mark.parametrize("lst", ["sleeping", "failed"])
+@pytest.mark.parametrize("case", ["pickle", "invalid utf-8", "json list", "wrong types", "oversized", "empty",
+                                  "deep nesting"])
+def test_bad_report_or_failure_is_dead_lettered_and_work_completes(
+        store: Store, raw: redis_lib.Redis, lst: str, case: str) -> None:
+    key = getattr(store.keys, lst)
+    raw.lpush(key, BAD_ENTRIES[case])
+    run_valid_task(store, make_control(store))
+    [entry] = dead(store)
+    assert entry["reason"] and entry["kind"] in ("report", "failure", "malformed"), entry
+    assert store.redis.llen(key) == 0
+
+
+def _report_json(**overrides: Any) -> str:
+    st = Subtask(id="999", task="998", site="a.com", first_page=0, page_limit=3, time_limit=20.0)
+    obj = json.loads(Report(subtask=st, node="n9", outcome="done", collected=1, offered=1, pages=1,
+                            next_page=1).to_json())
+    obj.update(overrides)
+    return json.dumps(obj)
+
+
+@pytest.mark.parametrize("lst", ["sleeping", "failed"])
+@pytest.mark.parametrize("fields", [{"collected": "many"}, {"next_page": [1]}, {"total_pages": "x"},
+                                    {"subtask": {"id": "1"}}, {"outcome": "exploded"}])
+def test_report_of_the_right_shape_with_wrong_types_is_dead_lettered(
+        store: Store, lst: str, fields: dict[str, Any]) -> None:
+    # A task record for it, so that the report reaches the arithmetic that its wrong types would break.
+    store.redis.hset(store.keys.tasks, "998", Task(id="998", site="a.com").to_json())
+    store.redis.lpush(getattr(store.keys, lst), _report_json(**fields))
+    run_valid_task(store, make_control(store))
+    assert len(dead(store)) == 1 and dead(store)[0]["reason"]
+
+
+def test_dead_letter_of_a_report_kept_whole_can_be_requeued(store: Store) -> None:
+    from scheduler_ext import deadletter
+
+    store.redis.lpush(store.keys.sleeping, _report_json(collected="many"))
+    run_valid_task(store, make_control(store))
+    [entry] = dead(store)
+    assert deadletter.requeue(store, entry["id"]) == "sleeping"
+    assert store.redis.lrange(store.keys.sleeping, 0, -1) == [_report_json(collected="many")]
+
+
+# --- hashes and sorted sets the control reads --------------------------------------------------------------------
+
+
+def test_waiting_ids_with_bad_records(store: Store, raw: redis_lib.Redis) -> None:
+    k = store.keys
+    raw.zadd(k.waiting, {"w1": 0, "w2": 0, "w3": 0, "w4": 0})
+    raw.hset(k.subtasks, "w1", PICKLE)
+    raw.hset(k.subtasks, "w2", b'{"v": 1, "id": "w2"}')
+    raw.hset(k.subtasks, "w3", Subtask(id="other", task="t", site="a.com", first_page=0, page_limit=1,
+                                       time_limit=5.0).to_json())  # the record of another id
+    # w4 has no record at all
+    run_valid_task(store, make_control(store))
+    assert sorted(e["id"] for e in dead(store)) == ["w1", "w2", "w3", "w4"]
+    assert all(e["kind"] == "waiting" and e["reason"] for e in dead(store))
+    assert not store.redis.zscore(k.waiting, "w1")
+
+
+def test_lapsed_leases_with_bad_lease_or_record(store: Store, raw: redis_lib.Redis) -> None:
+    k = store.keys
+    good = Subtask(id="L2", task="t", site="a.com", first_page=0, page_limit=1, time_limit=5.0)
+    raw.zadd(k.leases, {"L1": 1, "L2": 1, "L3": 1})
+    raw.hset(k.lease_info, "L1", PICKLE)  # unreadable lease, unreadable record: dead-lettered
+    raw.hset(k.subtasks, "L1", b"\xff")
+    raw.hset(k.lease_info, "L2", b"[1]")  # unreadable lease, readable record: recalled
+    raw.hset(k.subtasks, "L2", good.to_json())
+    # L3: a deadline with nothing behind it: dropped
+    run_valid_task(store, make_control(store))
+    assert [e["id"] for e in dead(store)] == ["L1"] and dead(store)[0]["kind"] == "lease"
+    assert store.redis.zcard(k.leases) == 0 and not store.redis.hexists(k.lease_info, "L1")
+    runs = [json.loads(r[1]["report"])["subtask"] for r in store.redis.xrange(k.runs)]
+    assert [r["attempt"] for r in runs if r["id"] == "L2"] == [1]  # recalled, run again, one attempt more
+
+
+def test_stale_queued_ids_with_bad_records(store: Store, raw: redis_lib.Redis) -> None:
+    k = store.keys
+    raw.zadd(k.queued, {"Q1": 1, "Q2": 1})
+    raw.hset(k.subtasks, "Q1", PICKLE)
+    run_valid_task(store, make_control(store))
+    assert store.redis.zcard(k.queued) == 0  # set aside: no record to recall (a crawl entry fails on take)
+
+
+def test_bad_node_registry_entries(store: Store, raw: redis_lib.Redis) -> None:
+    k = store.keys
+    now = store.now()
+    raw.hset(k.nodes, mapping={"bad1": PICKLE, "bad2": b'{"type": "x", "prefetch": "lots"}', "bad3": b"[]"})
+    raw.zadd(k.node_seen, {"bad1": now + 3600, "bad2": now + 3600, "bad3": now + 3600})
+    run_valid_task(store, make_control(store))  # entries the control cannot read get no work
+    assert not dead(store)
+
+
+def test_silent_node_with_garbage_in_its_crawl_queue(store: Store, raw: redis_lib.Redis) -> None:
+    k = store.keys
+    raw.zadd(k.node_seen, {"gone": 1})
+    raw.hset(k.nodes, "gone", json.dumps(NODE_INFO))
+    raw.lpush(k.crawl("gone"), PICKLE, b"not json")
+    run_valid_task(store, make_control(store))
+    assert len(dead(store)) == 2 and all(e["kind"] == "malformed" for e in dead(store))
+    assert not store.redis.exists(k.crawl("gone")) and not store.redis.hexists(k.nodes, "gone")
+
+
+def test_crawl_queue_garbage_is_moved_to_failed_by_take_then_dead_lettered(store: Store, raw: redis_lib.Redis
+                                                                          ) -> None:
+    k = store.keys
+    raw.lpush(k.crawl("n1"), PICKLE, b'{"v": 1, "id": 5}', b"")
+    run_valid_task(store, make_control(store))
+    assert len(dead(store)) == 3 and all(e["reason"] for e in dead(store))
+
+
+def test_corrupt_task_record_does_not_stop_the_report(store: Store, raw: redis_lib.Redis) -> None:
+    raw.hset(store.keys.tasks, "998", PICKLE)
+    store.redis.lpush(store.keys.sleeping, _report_json())
+    run_valid_task(store, make_control(store))
+    assert store.redis.hget(store.keys.counters, "corrupt_tasks") == "1"
+
+
+def test_garbage_estimates_are_ignored(store: Store, raw: redis_lib.Redis) -> None:
+    raw.hset(store.keys.est_site("ok.example"), mapping={"n1": PICKLE, "n2": b'{"c": "x", "runs": []}'})
+    raw.hset(store.keys.est_group_site(VALID["name"], "ok.example"), "n1", b"[]")
+    raw.sadd(store.keys.est_groups, f"{VALID['name']}|ok.example")
+    run_valid_task(store, make_control(store, allocation=DynamicAllocation(),
+                                        modification=DynamicModification(base_pages=3)))
+    assert not dead(store)
+
+
+# --- plug-ins that fail ---------------------------------------------------------------------------------------
+
+
+def test_splitter_that_raises_anything_dead_letters_only_its_entry(store: Store) -> None:
+    def flaky(raw: str) -> list[dict[str, Any]]:
+        if "boom" in raw:
+            raise ZeroDivisionError("a bug in the splitter")
+        return splitter(raw)
+
+    control = make_control(store)
+    control.strategies.splitter = flaky
+    store.redis.lpush(store.keys.virtual, json.dumps({"name": "boom", "sites": ["a.com"]}))
+    run_valid_task(store, control)
+    [entry] = dead(store)
+    assert entry["kind"] == "virtual" and entry["reason"] == "ZeroDivisionError: a bug in the splitter"
+
+
+class PickyAllocation(Allocation):
+    """Raises whenever the window holds a subtask of site bad.example; allocates the rest like Shared."""
+
+    def allocate(self, subtasks: Any, nodes: Any, estimates: Any, now: float) -> list[tuple[Subtask, str]]:
+        if any(st.site == "bad.example" for st in subtasks):
+            raise RuntimeError("cannot place bad.example")
+        return SharedAllocation().allocate(subtasks, nodes, estimates, now)
+
+
+def test_allocation_that_raises_for_one_subtask_does_not_stop_the_others(store: Store) -> None:
+    store.redis.lpush(store.keys.virtual, json.dumps({"name": "p", "sites": ["bad.example"]}))
+    run_valid_task(store, make_control(store, allocation=PickyAllocation()))
+    [entry] = dead(store)
+    assert entry["kind"] == "subtask" and "cannot place bad.example" in entry["reason"]
+    assert entry["subtask"]["site"] == "bad.example"  # requeueable once the strategy is fixed
+
+
+class BrokenModification(FixedModification):
+    def next_limits(self, report: Any, estimates: Any) -> tuple[int, float]:
+        if report.subtask.group == "p":
+            raise KeyError("estimates")
+        return super().next_limits(report, estimates)
+
+
+def test_modification_that_raises_dead_letters_the_report_kept_whole(store: Store) -> None:
+    store.redis.hset(store.keys.tasks, "998", Task(id="998", site="a.com", group="p").to_json())
+    report = _report_json(subtask={**json.loads(_report_json())["subtask"], "group": "p"}, exhausted=False)
+    store.redis.lpush(store.keys.sleeping, report)
+    run_valid_task(store, make_control(store, modification=BrokenModification(3, 20.0)))
+    [entry] = dead(store)
+    assert entry["kind"] == "report" and entry["raw"] == report and "KeyError" in entry["reason"]
+
+
+def test_a_control_that_cannot_tick_says_so_in_status(store: Store) -> None:
+    from scheduler_ext.control import ControlExtension
+    from scheduler_ext.status import collect_status
+
+    class Boom(Exception):
+        pass
+
+    class Crawler:
+        class stats:  # noqa: N801 - a stand-in for Scrapy's stats collector
+            @staticmethod
+            def inc_value(*a: Any) -> None: ...
+
+            @staticmethod
+            def set_value(*a: Any) -> None: ...
+
+        class signals:  # noqa: N801
+            @staticmethod
+            def connect(*a: Any, **kw: Any) -> None: ...
+
+    control = make_control(store)
+
+    def broken() -> Any:
+        raise Boom("every tick")
+
+    ext = ControlExtension(Crawler(), control, 0.01, alarm=3, backoff_max=0.01)
+    control.tick = broken  # type: ignore[method-assign]
+    for _ in range(3):
+        assert ext.run_once() is None
+    [row] = collect_status(store)["controls"]
+    assert row["stuck"] and row["failed_in_row"] == 3 and "Boom: every tick" in row["last_error"]
+
+
+# --- property tests ----------------------------------------------------------------------------------------------
+
+json_values = hs.recursive(hs.none() | hs.booleans() | hs.integers() | hs.floats(allow_nan=False) | hs.text(),
+                           lambda inner: hs.lists(inner, max_size=4) | hs.dictionaries(hs.text(), inner, max_size=4),
+                           max_leaves=20)
+shapes = hs.one_of(hs.binary(max_size=200).map(lambda b: b.decode("utf-8", "surrogateescape")),
+                   json_values.map(json.dumps),
+                   hs.dictionaries(hs.sampled_from(["v", "id", "task", "site", "first_page", "page_limit",
+                                                    "time_limit", "node", "outcome", "subtask", "priority",
+                                                    "avoid", "payload"]), json_values).map(json.dumps))
+
+
+@given(shapes)
+@settings(max_examples=300, deadline=None)
+def test_decoders_raise_invalid_input_or_return_a_record(raw: str) -> None:
+    for decode in (Subtask.from_json, Report.from_json, Task.from_json):
+        try:
+            decode(raw)
+        except InvalidInput:
+            pass
+
+
+def _strategies() -> Strategies:
+    return Strategies(allocation=DynamicAllocation(), modification=DynamicModification(), recall=DynamicRecall(),
+                      splitter=splitter)
+
+
+@given(virtual=hs.lists(shapes, max_size=4), reports=hs.lists(shapes, max_size=4),
+       failures=hs.lists(shapes, max_size=4), waiting=hs.lists(shapes, max_size=4),
+       nodes=hs.lists(hs.tuples(hs.lists(hs.integers(0, 1), max_size=2), hs.integers(0, 3)), max_size=3))
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+def test_decide_never_raises_and_every_entry_gets_one_decision(
+        virtual: list[str], reports: list[str], failures: list[str], waiting: list[str],
+        nodes: list[tuple[list[int], int]]) -> None:
+    from test_allocation import Figures
+
+    keys = Keys("{prop}")
+    snap = Snapshot(keys=keys, now=1000.0, estimates=Figures(), ids=CountingIds(),
+                    virtual=[Entry(keys.virtual, r, len(r)) for r in virtual],
+                    reports=[Entry(keys.sleeping, r, len(r)) for r in reports],
+                    failures=[Entry(keys.failed, r, len(r)) for r in failures],
+                    waiting=[(f"w{i}", r) for i, r in enumerate(waiting)],
+                    nodes=[NodeView(id=f"n{i}", types=t or [0], free=f) for i, (t, f) in enumerate(nodes)])
+    decisions = decide(snap, _strategies(), 1000.0)
+    for lst, entries in ((keys.virtual, virtual), (keys.sleeping, reports), (keys.failed, failures)):
+        consumed = [d for d in decisions for g in d.guards if g[0] == "tail_is" and g[1] == lst]
+        assert len(consumed) == len(entries)  # each entry: exactly one decision (done, or dead-lettered)
+    for d in decisions:
+        json.dumps([list(d.guards), list(d.writes)], ensure_ascii=False).encode("utf-8", "surrogateescape")
+
+
+# --- the same, against a running cluster ---------------------------------------------------------------------------
+
+
+def test_hostile_entries_pushed_into_a_running_cluster(cluster: Any, redis_url: str) -> None:
+    """While real nodes and two controls run: hostile entries into every list they read, then a valid task.
+    Each hostile entry is dead-lettered with a reason; the valid task completes with all its items."""
+    from conftest import FAST_PROFILE
+    from test_cluster import NODES
+
+    from product_crawl.simweb.corpus import corpus_size
+    from product_crawl.tasks import keywords_for
+
+    cluster.start_simweb(FAST_PROFILE)
+    for node in NODES[:2]:
+        cluster.start_node(node)
+    for name in ("control-a", "control-b"):
+        cluster.start_control(name)
+    k = cluster.store.keys
+    raw = redis_lib.Redis.from_url(redis_url)
+    assert cluster.wait_for(lambda: cluster.redis.get(k.leader) is not None, 30)
+    hostile = {k.virtual: [PICKLE, BAD_ENTRIES["json list"], BAD_ENTRIES["unknown engine"]],
+               k.sleeping: [PICKLE, _report_json(collected="many").encode()],
+               k.failed: [b"\xff\xfe", BAD_ENTRIES["wrong types"]],
+               # the last one passes the take script's checks; the node itself must refuse it
+               k.crawl("node1"): [PICKLE, b'{"v": 1, "id": 5}',
+                                  b'{"v": 1, "id": "x1", "time_limit": 5, "site": "\xff\xfe"}']}
+    for key, entries in hostile.items():
+        raw.lpush(key, *entries)
+    cluster.inject([{"name": "光明高钙牛奶", "sites": ["good.example"]}])
+    def done() -> bool:  # (a malformed entry the node finished counts under product "": not a task)
+        p = cluster.status()["products"].get("光明高钙牛奶", {})
+        return bool(p.get("tasks")) and p.get("done") == p.get("tasks")
+
+    assert cluster.wait_for(done, 90, interval=0.5)
+    assert cluster.wait_for(lambda: cluster.redis.hlen(k.dead) == sum(map(len, hostile.values())), 30)
+    assert all(json.loads(v)["reason"] for v in cluster.redis.hvals(k.dead))
+    assert cluster.items() == corpus_size(keywords_for("光明高钙牛奶"), "good.example", 0, 40, 60)
+    assert all(not cluster.redis.llen(key) for key in hostile)
+
+
+def test_status_and_dead_letter_tools_read_garbage_without_failing(store: Store, raw: redis_lib.Redis) -> None:
+    from scheduler_ext import deadletter
+    from scheduler_ext.status import collect_status
+
+    k = store.keys
+    raw.hset(k.nodes, "n9", PICKLE)
+    raw.zadd(k.node_seen, {"n9": 1})
+    raw.hset(k.est_site("a.com"), "n9", b"[1]")
+    raw.sadd(k.agg_index, "a.com|n9")
+    raw.hset(k.controls, "c9", PICKLE)
+    raw.hset(k.dead, mapping={"d1": PICKLE, "d2": b'{"id": "d2", "kind": "virtual", "at": "soon"}'})
+    status = collect_status(store)
+    assert [n["id"] for n in status["nodes"]] == ["n9"] and status["controls"][0]["id"] == "c9"
+    entries = {e["id"]: e for e in deadletter.list_entries(store)}
+    assert entries["d1"]["kind"] == "unreadable" and "\\x80" in entries["d1"]["raw"]
+    with pytest.raises(InvalidInput, match="'d1'"):
+        deadletter.requeue(store, "d1")
+    deadletter.drop(store, "d1")
+    assert not store.redis.hexists(k.dead, "d1")
