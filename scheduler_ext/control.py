@@ -38,6 +38,7 @@ from .keys import Keys
 from .models import Report, Subtask, Task, loads_object
 from .store import Store
 from .strategies import Allocation, Estimate, Modification, NodeView, Recall, RecallDecision, load_strategy
+from .strategies.posterior import Sums
 
 logger = logging.getLogger(__name__)
 
@@ -57,6 +58,9 @@ class EstimateCache:
         self.store = store
         self._sites: dict[str, dict[str, tuple[Estimate | None, Estimate | None]]] = {}  # site -> node -> (c, spp)
         self._groups: dict[tuple[str, str], dict[str, Estimate | None]] = {}  # (group, site) -> node -> spp
+        # The bandit's sums (scheduler_ext/strategies/posterior.py), parsed from the same entries.
+        self._site_sums: dict[str, dict[str, Sums]] = {}
+        self._group_sums: dict[tuple[str, str], dict[str, Sums]] = {}
 
     def prefetch(self, sites: Iterable[str], group_sites: Iterable[tuple[str, str]]) -> None:
         """Load the estimate hashes of these sites and (product, site) pairs not loaded yet, in one round trip."""
@@ -72,10 +76,13 @@ class EstimateCache:
                 pipe.hgetall(keys.est_group_site(group, site))
             rows = pipe.execute()
         for site, fields in zip(sites, rows, strict=False):
-            self._sites[site] = {node: (_estimate(e, "c"), _estimate(e, "spp"))
-                                 for node, e in _parse(fields).items()}
+            parsed = _parse(fields)
+            self._sites[site] = {node: (_estimate(e, "c"), _estimate(e, "spp")) for node, e in parsed.items()}
+            self._site_sums[site] = {node: s for node, e in parsed.items() if (s := Sums.from_entry(e))}
         for gs, fields in zip(groups, rows[len(sites):], strict=True):
-            self._groups[gs] = {node: _estimate(e, "spp") for node, e in _parse(fields).items()}
+            parsed = _parse(fields)
+            self._groups[gs] = {node: _estimate(e, "spp") for node, e in parsed.items()}
+            self._group_sums[gs] = {node: s for node, e in parsed.items() if (s := Sums.from_entry(e))}
 
     # --- the Estimates protocol ----------------------------------------------------------------------------
     def completion(self, site: str, node: str) -> Estimate | None:
@@ -92,6 +99,16 @@ class EstimateCache:
             return spp
         entry = self._sites[site].get(node)
         return entry[1] if entry else None
+
+    def site_sums(self, site: str) -> dict[str, Sums]:
+        if site not in self._sites:
+            self.prefetch([site], [])
+        return self._site_sums[site]
+
+    def group_sums(self, group: str, site: str) -> dict[str, Sums]:
+        if (group, site) not in self._groups:
+            self.prefetch([], [(group, site)])
+        return self._group_sums[(group, site)]
 
 
 def _parse(fields: dict[str, str]) -> dict[str, dict[str, Any]]:

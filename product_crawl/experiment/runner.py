@@ -58,6 +58,10 @@ CONFIGURATIONS: dict[str, tuple[str, dict[str, str]]] = {
                         {"SCHEDEXT_MODIFICATION": _MOD + "FixedModification"}),
     "no_recall": ("dynamic with recall switched to its baseline (none)",
                   {"SCHEDEXT_RECALL": _RECALL + "NoRecall"}),
+    "paper": ("the paper's dynamic allocation (moving averages, staleness timer), dynamic modification and recall",
+              {"SCHEDEXT_ALLOCATION": _ALLOC + "DynamicAllocation"}),
+    "bandit": ("bandit allocation (posteriors with uncertainty, Thompson exploration on a budget), dynamic "
+               "modification and recall", {"SCHEDEXT_ALLOCATION": "scheduler_ext.strategies.bandit.BanditAllocation"}),
 }
 DEFAULT_CONFIGURATIONS = ("dynamic", "shared", "round_robin", "oracle")
 ABLATIONS = {"allocation": "no_allocation", "modification": "no_modification", "recall": "no_recall"}
