@@ -36,6 +36,7 @@ logger = logging.getLogger(__name__)
 _ALLOC = "scheduler_ext.strategies.allocation."
 _MOD = "scheduler_ext.strategies.modification."
 _RECALL = "scheduler_ext.strategies.recall."
+_BANDIT = "scheduler_ext.strategies.bandit."
 
 #: Configuration name -> (what it is, the strategy settings it sets on nodes and control).
 CONFIGURATIONS: dict[str, tuple[str, dict[str, str]]] = {
@@ -60,8 +61,11 @@ CONFIGURATIONS: dict[str, tuple[str, dict[str, str]]] = {
                   {"SCHEDEXT_RECALL": _RECALL + "NoRecall"}),
     "paper": ("the paper's dynamic allocation (moving averages, staleness timer), dynamic modification and recall",
               {"SCHEDEXT_ALLOCATION": _ALLOC + "DynamicAllocation"}),
-    "bandit": ("bandit allocation (posteriors with uncertainty, Thompson exploration on a budget), dynamic "
-               "modification and recall", {"SCHEDEXT_ALLOCATION": "scheduler_ext.strategies.bandit.BanditAllocation"}),
+    "bandit": ("bandit allocation (posteriors with uncertainty, Thompson exploration on a budget) and modification "
+               "(subtask size from the posteriors), dynamic recall",
+               {"SCHEDEXT_ALLOCATION": _BANDIT + "BanditAllocation", "SCHEDEXT_MODIFICATION": _BANDIT + "BanditModification"}),
+    "bandit_alloc": ("bandit allocation with the paper's modification and recall",
+                     {"SCHEDEXT_ALLOCATION": _BANDIT + "BanditAllocation", "SCHEDEXT_MODIFICATION": _MOD + "DynamicModification"}),
 }
 DEFAULT_CONFIGURATIONS = ("dynamic", "shared", "round_robin", "oracle")
 ABLATIONS = {"allocation": "no_allocation", "modification": "no_modification", "recall": "no_recall"}

@@ -42,8 +42,9 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..config import config_for
-from ..models import Subtask
+from ..models import Report, Subtask
 from . import Allocation, Estimates, NodeView
+from .modification import DynamicModification
 from .posterior import Posterior, Sums
 
 #: Free candidates drawn per subtask for exploration: bounds the cost of a tick whatever the cluster's size.
@@ -74,6 +75,9 @@ class BanditAllocation(Allocation):
         self.credit: float | None = None  # exploration budget, in runs; starts at one per node
         self._exploring: dict[tuple[str, str], float] = {}  # (site, node) -> when an exploration was sent
         self.explored = 0  # explorations sent (for stats and tests)
+        # Sums -> (prior, when, posterior): a pair's posterior changes with a new run (new sums) or the prior, and
+        # with time only by the slow discount, refreshed every half_life / 10; so a tick recomputes what changed.
+        self._cache: dict[int, tuple[Sums, float, float, float, Posterior]] = {}
 
     @classmethod
     def from_crawler(cls, crawler: Any) -> BanditAllocation:
@@ -82,62 +86,92 @@ class BanditAllocation(Allocation):
                    half_life=c.estimate_half_life, explore_timeout=c.recall_age, seed=c.bandit_seed)
 
     # --- the posteriors of one (product, site) ------------------------------------------------------------------
-    def posteriors(self, group: str, site: str, estimates: Estimates, now: float
+    def posteriors(self, group: str, site: str, estimates: Estimates, now: float,
+                   memo: dict[Any, tuple[dict[str, Posterior], Posterior]] | None = None
                    ) -> tuple[dict[str, Posterior], Posterior]:
-        """Node -> posterior of every node with runs on ``site``, and the prior of an untried node there."""
+        """Node -> posterior of every node with runs on ``site``, and the prior of an untried node there.
+
+        The served share comes from the node's runs on the site; the pace from its runs of this product there
+        when it has some. ``memo`` (one per tick) keeps the site's part, shared by every product on the site.
+        """
+        memo = {} if memo is None else memo
+        if site not in memo:
+            sums = site_sums(estimates, site)
+            theta0, rho0 = 0.5, 1.0
+            if sums:
+                # The prior of an untried pair: as good as the best seen on the site (optimism under uncertainty).
+                theta0 = max((s.got + 0.5) / (s.pages + 1.0) for s in sums.values())
+                rho0 = max(((s.pages + 1.0) / (s.sec + 1.0) for s in sums.values() if s.sec > 0), default=1.0)
+            memo[site] = ({nid: self._posterior(s, now, theta0, rho0) for nid, s in sums.items()},
+                          Posterior.prior(theta0, rho0))
+        posts, prior = memo[site]
+        per_group = group_sums(estimates, group, site) if posts else {}
+        if not per_group:
+            return posts, prior
         sums = site_sums(estimates, site)
-        per_group = group_sums(estimates, group, site) if sums else {}
-        theta0, rho0 = 0.5, 1.0
-        if sums:
-            # The prior of an untried pair: as good as the best seen on the site (optimism under uncertainty).
-            shares = [(s.got + 0.5) / (s.pages + 1.0) for s in sums.values()]
-            paces = [(s.pages + 1.0) / (s.sec + 1.0) for s in sums.values() if s.sec > 0]
-            theta0, rho0 = max(shares), max(paces, default=1.0)
-        posts = {nid: Posterior.of(s, now=now, half_life=self.half_life, theta0=theta0, rho0=rho0,
-                                   pace=per_group.get(nid)) for nid, s in sums.items()}
-        return posts, Posterior.prior(theta0, rho0)
+        theta0, rho0 = prior.share, prior.pace
+        refined = dict(posts)
+        for nid, pace in per_group.items():
+            if nid in sums:
+                refined[nid] = Posterior.of(sums[nid], now=now, half_life=self.half_life, theta0=theta0, rho0=rho0,
+                                            pace=pace)
+        return refined, prior
+
+    def _posterior(self, sums: Sums, now: float, theta0: float, rho0: float) -> Posterior:
+        hit = self._cache.get(id(sums))
+        if hit is not None and hit[0] is sums and hit[1] == theta0 and hit[2] == rho0 \
+                and now - hit[3] < self.half_life / 10:
+            return hit[4]
+        post = Posterior.of(sums, now=now, half_life=self.half_life, theta0=theta0, rho0=rho0)
+        self._cache[id(sums)] = (sums, theta0, rho0, now, post)
+        return post
 
     def allocate(self, subtasks: Sequence[Subtask], nodes: Sequence[NodeView], estimates: Estimates,
                  now: float) -> list[tuple[Subtask, str]]:
+        if len(self._cache) > 65536:  # entries of sums replaced since: drop them all now and then
+            self._cache.clear()
         free = {n.id: n.free for n in nodes if n.free > 0}
         if not free or not subtasks:
             return []
         if self.credit is None:
             self.credit = float(len(nodes))
         self._exploring = {k: t for k, t in self._exploring.items() if now - t < self.explore_timeout}
-        types_of = {n.id: set(n.types) for n in nodes}
+        types_of = {n.id: n.types for n in nodes}
         by_type: dict[int, list[str]] = {}
         for n in nodes:
             for t in n.types:
                 by_type.setdefault(t, []).append(n.id)
         free_by_type = {t: [nid for nid in ids if nid in free] for t, ids in by_type.items()}
-        memo: dict[tuple[str, str], tuple[dict[str, Posterior], Posterior]] = {}
+        site_memo: dict[Any, tuple[dict[str, Posterior], Posterior]] = {}
+        memo: dict[tuple[Any, ...], tuple[dict[str, float], dict[str, Posterior], Posterior, bool]] = {}
         explore: list[tuple[float, int, bool, Subtask, str]] = []
         pairs: list[tuple[bool, float, int, Subtask, str]] = []
         for order, st in enumerate(subtasks):
             typed = by_type.get(st.type)
             if not typed:
                 continue
-            gs = (st.group, st.site)
-            if gs not in memo:
-                memo[gs] = self.posteriors(st.group, st.site, estimates, now)
-            posts, prior = memo[gs]
-            avoid = set(st.avoid)
-            honour = bool(avoid) and any(nid not in avoid for nid in typed)
-            known = {nid: p.mean for nid, p in posts.items()
-                     if st.type in types_of.get(nid, ()) and not (honour and nid in avoid)}
+            key = (st.group, st.site, st.type, tuple(st.avoid))
+            if key not in memo:
+                posts, prior = self.posteriors(st.group, st.site, estimates, now, site_memo)
+                avoid = set(st.avoid)
+                honour = bool(avoid) and any(nid not in avoid for nid in typed)
+                known = {nid: p.mean for nid, p in posts.items()
+                         if st.type in types_of.get(nid, ()) and not (honour and nid in avoid)}
+                memo[key] = known, posts, prior, honour
+            known, posts, prior, honour = memo[key]
             best = max(known.values(), default=0.0)
             aged = now - st.since >= self.patience
             floor = 0.0 if aged else self.rate_floor * best
             for nid, m in known.items():
                 if nid in free and m >= floor and (m > 0 or aged):
                     pairs.append((aged, m, order, st, nid))
-            # Exploration: a few free candidates, each a Thompson draw against the best expected rate.
-            pool = [nid for nid in free_by_type.get(st.type, ()) if not (honour and nid in avoid)]
-            if len(pool) > EXPLORE_SAMPLE:
-                pool = self.rng.sample(pool, EXPLORE_SAMPLE)
+            # Exploration: a few free candidates, each a Thompson draw; worth a run if the draw beats the best
+            # expected rate on the site (were it true, the decision would change).
+            cands = free_by_type.get(st.type, [])
+            pool = cands if len(cands) <= EXPLORE_SAMPLE else self.rng.sample(cands, EXPLORE_SAMPLE)
             for nid in pool:
-                if (st.site, nid) in self._exploring or (nid in known and known[nid] >= floor and known[nid] > 0):
+                if (honour and nid in st.avoid) or (st.site, nid) in self._exploring \
+                        or (nid in known and known[nid] >= floor and known[nid] > 0):
                     continue
                 draw = posts.get(nid, prior).sample(self.rng)
                 if draw > best:
@@ -173,3 +207,41 @@ class BanditAllocation(Allocation):
         # The budget refills with the assignments made and never banks more than a round of the cluster's nodes.
         self.credit = min(self.credit + self.explore_share * exploited, 1.0 + self.explore_share * cluster)
         return result
+
+
+class BanditModification(DynamicModification):
+    """The paper's modification rule fed by the bandit's sums, with subtasks up to ``SCHEDEXT_PAGE_LIMIT_MAX`` pages.
+
+    ``c`` is the served share of the pair (results collected per page *attempted*: a failed or blocked page counts
+    as a page that gave nothing) and ``s`` its seconds per page attempted (every outcome's time), so the formula of
+    :class:`DynamicModification` gives
+
+        pages      = clamp(round(c x PAGE_LIMIT_MAX), PAGE_LIMIT_MIN, PAGE_LIMIT_MAX), cut so that k s pages <= B
+        time_limit = clamp(k s pages, TIME_LIMIT_MIN, min(TIME_LIMIT_MAX, B))
+
+    A subtask has a fixed cost (take, first request, finish, report: a few tenths of a second), so a pair that
+    serves nearly everything gets as many pages as the time budget ``B`` allows, and the fixed cost is spread over
+    them; a pair that serves little gets few pages, which bounds what a bad pair wastes. Without sums (no run of the
+    pair yet) it falls back to the paper's rule.
+    """
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.base_pages = max(1, round(self.max_pages / 2))  # round(2 c base) = round(c x max)
+
+    @classmethod
+    def from_crawler(cls, crawler: Any) -> BanditModification:
+        base = DynamicModification.from_crawler(crawler)
+        return cls(min_pages=base.min_pages, max_pages=base.max_pages, min_time=base.min_time,
+                   max_time=base.max_time, safety=base.safety, recall_threshold=2 * base.budget,
+                   default_time=base.default_time)
+
+    def next_limits(self, report: Report, estimates: Estimates) -> tuple[int, float]:
+        st = report.subtask
+        sums = site_sums(estimates, st.site).get(report.node)
+        if sums is None or sums.pages <= 0:
+            return super().next_limits(report, estimates)
+        pace = group_sums(estimates, st.group, st.site).get(report.node) or sums
+        share = (sums.got + 0.5) / (sums.pages + 1.0)
+        spp = pace.sec / pace.pages if pace.pages > 0 else None
+        return self.limits(share, spp)
