@@ -25,6 +25,8 @@ from product_crawl.oracle import OracleAllocation
 from product_crawl.simweb.profile import Profile
 from scheduler_ext.config import Config
 from scheduler_ext.sim import Behaviour, NodeModel, SimNode, Simulation, TaskSpec
+from scheduler_ext.sim import bound as bound_module
+from scheduler_ext.sim.bound import SiteWork
 from scheduler_ext.strategies import load_strategy
 from scheduler_ext.strategies.allocation import DynamicAllocation
 
@@ -78,12 +80,15 @@ def task_specs(opts: Options) -> Iterator[TaskSpec]:
             yield TaskSpec(product["name"], site, totals[product["name"]][site])
 
 
-def simulate_configuration(name: str, opts: Options, *, model: NodeModel | None = None,
+def simulate_configuration(name: str, opts: Options, *, model: NodeModel | None = None, seed: int | None = None,
                            progress: Progress | None = None, label: str = "") -> dict[str, Any]:
-    """Run configuration ``name`` on the simulator; the raw record of a run (as ``run_configuration`` returns)."""
+    """Run configuration ``name`` on the simulator; the raw record of a run (as ``run_configuration`` returns).
+
+    ``seed`` (default ``opts.seed``) seeds the simulation's draws and the bandit's."""
+    seed = opts.seed if seed is None else seed
     settings = {**CLUSTER_SETTINGS, **CONFIGURATIONS[name][1], **opts.overrides}
     # The bandit's draws follow the run's seed, so that a simulated run is reproducible.
-    allocation, modification, recall, config = build_strategies({"SCHEDEXT_BANDIT_SEED": opts.seed, **settings},
+    allocation, modification, recall, config = build_strategies({"SCHEDEXT_BANDIT_SEED": seed, **settings},
                                                                 opts.profile)
     nodes = [SimNode(n.id, tuple(int(t) for t in str(n.types).split(",")), prefetch=config.prefetch,
                      address=n.address) for n in opts.nodes]
@@ -92,10 +97,27 @@ def simulate_configuration(name: str, opts: Options, *, model: NodeModel | None 
                      recall=recall, duration=opts.duration, tick=config.tick_interval, batch=config.tick_batch,
                      page_limit=config.page_limit, time_limit=config.time_limit, alpha=config.estimate_alpha,
                      recall_age=config.recall_age, model=model, sample_interval=opts.sample_interval,
-                     seed=opts.seed)
+                     seed=seed, pair_samples=len(nodes) * len(opts.sites) <= 10_000)
     started = time.monotonic()
     raw = sim.run()
     if progress is not None:
         progress.done(f"[{label or name}] simulated {opts.duration:.0f} s in {time.monotonic() - started:.1f} s: "
                       f"{raw['samples'][-1]['items']} unique items")
     return {"name": name, "settings": settings, **raw, "truth_corpus": [], "simulated": True}
+
+
+def best_possible(opts: Options, totals: dict[str, dict[str, int]], model: NodeModel | None = None
+                  ) -> dict[str, Any]:
+    """The best possible unique items of a run of ``opts`` (:func:`scheduler_ext.sim.bound.best_possible`): the
+    profile's true rates over time, the experiment's nodes and tasks, subtasks of PAGE_LIMIT_MIN..MAX pages."""
+    settings = {**CLUSTER_SETTINGS, **opts.overrides}
+    config = Config.from_settings(settings)
+    world = ProfileWorld(opts.profile, {n.id: n.address for n in opts.nodes})
+    nodes = [SimNode(n.id, tuple(int(t) for t in str(n.types).split(",")), address=n.address) for n in opts.nodes]
+    work = {site: SiteWork(0, sum(1 for p in totals if site in totals[p]),
+                           sum(totals[p].get(site, 0) for p in totals)) for site in opts.sites}
+    model = model or NodeModel()
+    bound = bound_module.best_possible(world, nodes, work, opts.duration, model,
+                                       range(config.page_limit_min, config.page_limit_max + 1))
+    return {**bound, "model": {"overhead": model.overhead, "page_cpu": model.page_cpu, "item_cpu": model.item_cpu,
+                               "concurrency": model.concurrency}}
