@@ -62,11 +62,8 @@ CONFIGURATIONS: dict[str, tuple[str, dict[str, str]]] = {
                   {"SCHEDEXT_RECALL": _RECALL + "NoRecall"}),
     "paper": ("the paper's dynamic allocation (moving averages, staleness timer), dynamic modification and recall",
               {"SCHEDEXT_ALLOCATION": _ALLOC + "DynamicAllocation"}),
-    "bandit": ("bandit allocation (posteriors with uncertainty, Thompson exploration on a budget) and modification "
-               "(subtask size from the posteriors), dynamic recall",
-               {"SCHEDEXT_ALLOCATION": _BANDIT + "BanditAllocation", "SCHEDEXT_MODIFICATION": _BANDIT + "BanditModification"}),
-    "bandit_alloc": ("bandit allocation with the paper's modification and recall",
-                     {"SCHEDEXT_ALLOCATION": _BANDIT + "BanditAllocation", "SCHEDEXT_MODIFICATION": _MOD + "DynamicModification"}),
+    "bandit": ("bandit allocation (posteriors with uncertainty, Thompson exploration on a budget), the paper's "
+               "modification and recall", {"SCHEDEXT_ALLOCATION": _BANDIT + "BanditAllocation"}),
 }
 DEFAULT_CONFIGURATIONS = ("dynamic", "shared", "round_robin", "oracle")
 ABLATIONS = {"allocation": "no_allocation", "modification": "no_modification", "recall": "no_recall"}

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..strategies.allocation import DynamicAllocation, SharedAllocation
-from ..strategies.bandit import BanditAllocation, BanditModification
+from ..strategies.bandit import BanditAllocation
 from ..strategies.modification import DynamicModification, FixedModification
 from ..strategies.recall import DynamicRecall, NoRecall
 
@@ -26,7 +26,7 @@ def _paper(seed: int) -> tuple[Any, Any, Any]:
 
 def _bandit(seed: int) -> tuple[Any, Any, Any]:
     return (BanditAllocation(patience=PATIENCE, explore_timeout=RECALL_AGE, seed=seed),
-            BanditModification(recall_threshold=RECALL_AGE), DynamicRecall(RECALL_AGE))
+            DynamicModification(recall_threshold=RECALL_AGE), DynamicRecall(RECALL_AGE))
 
 
 def _fifo(seed: int) -> tuple[Any, Any, Any]:

@@ -42,19 +42,33 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..config import config_for
-from ..models import Report, Subtask
+from ..models import Subtask
 from . import Allocation, Estimates, NodeView
-from .modification import DynamicModification
 from .posterior import Posterior, Sums
 
 #: Free candidates drawn per subtask for exploration: bounds the cost of a tick whatever the cluster's size.
 EXPLORE_SAMPLE = 8
 
 
-def site_sums(estimates: Estimates, site: str) -> Mapping[str, Sums]:
-    """Node -> sums of every node with runs on ``site``; empty if ``estimates`` keeps no sums."""
+def site_sums(estimates: Estimates, site: str, nodes: Sequence[str] = ()) -> Mapping[str, Sums]:
+    """Node -> sums of every node with runs on ``site``.
+
+    Estimates that keep no sums (the protocol's two methods only) give sums made from the paper's moving
+    estimates of ``nodes``, as if each run had been 5 pages at that completion and speed: the bandit then works
+    on any :class:`~scheduler_ext.strategies.Estimates`, only without the failures' cost.
+    """
     get = getattr(estimates, "site_sums", None)
-    return get(site) if get is not None else {}
+    if get is not None:
+        return get(site)  # type: ignore[no-any-return]
+    out = {}
+    for nid in nodes:
+        c = estimates.completion(site, nid)
+        if c is not None:
+            spp = estimates.seconds_per_page("", site, nid)
+            pages = 5.0 * min(c.runs, 4)
+            out[nid] = Sums(n=float(c.runs), pages=pages, got=pages * c.value,
+                            sec=pages * (spp.value if spp is not None else 1.0), t=c.last_run)
+    return out
 
 
 def group_sums(estimates: Estimates, group: str, site: str) -> Mapping[str, Sums]:
@@ -87,8 +101,8 @@ class BanditAllocation(Allocation):
 
     # --- the posteriors of one (product, site) ------------------------------------------------------------------
     def posteriors(self, group: str, site: str, estimates: Estimates, now: float,
-                   memo: dict[Any, tuple[dict[str, Posterior], Posterior]] | None = None
-                   ) -> tuple[dict[str, Posterior], Posterior]:
+                   memo: dict[Any, tuple[dict[str, Posterior], Posterior]] | None = None,
+                   nodes: Sequence[str] = ()) -> tuple[dict[str, Posterior], Posterior]:
         """Node -> posterior of every node with runs on ``site``, and the prior of an untried node there.
 
         The served share comes from the node's runs on the site; the pace from its runs of this product there
@@ -96,7 +110,7 @@ class BanditAllocation(Allocation):
         """
         memo = {} if memo is None else memo
         if site not in memo:
-            sums = site_sums(estimates, site)
+            sums = site_sums(estimates, site, nodes)
             theta0, rho0 = 0.5, 1.0
             if sums:
                 # The prior of an untried pair: as good as the best seen on the site (optimism under uncertainty).
@@ -108,7 +122,7 @@ class BanditAllocation(Allocation):
         per_group = group_sums(estimates, group, site) if posts else {}
         if not per_group:
             return posts, prior
-        sums = site_sums(estimates, site)
+        sums = site_sums(estimates, site, nodes)
         theta0, rho0 = prior.share, prior.pace
         refined = dict(posts)
         for nid, pace in per_group.items():
@@ -152,7 +166,7 @@ class BanditAllocation(Allocation):
                 continue
             key = (st.group, st.site, st.type, tuple(st.avoid))
             if key not in memo:
-                posts, prior = self.posteriors(st.group, st.site, estimates, now, site_memo)
+                posts, prior = self.posteriors(st.group, st.site, estimates, now, site_memo, typed)
                 avoid = set(st.avoid)
                 honour = bool(avoid) and any(nid not in avoid for nid in typed)
                 known = {nid: p.mean for nid, p in posts.items()
@@ -208,40 +222,3 @@ class BanditAllocation(Allocation):
         self.credit = min(self.credit + self.explore_share * exploited, 1.0 + self.explore_share * cluster)
         return result
 
-
-class BanditModification(DynamicModification):
-    """The paper's modification rule fed by the bandit's sums, with subtasks up to ``SCHEDEXT_PAGE_LIMIT_MAX`` pages.
-
-    ``c`` is the served share of the pair (results collected per page *attempted*: a failed or blocked page counts
-    as a page that gave nothing) and ``s`` its seconds per page attempted (every outcome's time), so the formula of
-    :class:`DynamicModification` gives
-
-        pages      = clamp(round(c x PAGE_LIMIT_MAX), PAGE_LIMIT_MIN, PAGE_LIMIT_MAX), cut so that k s pages <= B
-        time_limit = clamp(k s pages, TIME_LIMIT_MIN, min(TIME_LIMIT_MAX, B))
-
-    A subtask has a fixed cost (take, first request, finish, report: a few tenths of a second), so a pair that
-    serves nearly everything gets as many pages as the time budget ``B`` allows, and the fixed cost is spread over
-    them; a pair that serves little gets few pages, which bounds what a bad pair wastes. Without sums (no run of the
-    pair yet) it falls back to the paper's rule.
-    """
-
-    def __init__(self, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self.base_pages = max(1, round(self.max_pages / 2))  # round(2 c base) = round(c x max)
-
-    @classmethod
-    def from_crawler(cls, crawler: Any) -> BanditModification:
-        base = DynamicModification.from_crawler(crawler)
-        return cls(min_pages=base.min_pages, max_pages=base.max_pages, min_time=base.min_time,
-                   max_time=base.max_time, safety=base.safety, recall_threshold=2 * base.budget,
-                   default_time=base.default_time)
-
-    def next_limits(self, report: Report, estimates: Estimates) -> tuple[int, float]:
-        st = report.subtask
-        sums = site_sums(estimates, st.site).get(report.node)
-        if sums is None or sums.pages <= 0:
-            return super().next_limits(report, estimates)
-        pace = group_sums(estimates, st.group, st.site).get(report.node) or sums
-        share = (sums.got + 0.5) / (sums.pages + 1.0)
-        spp = pace.sec / pace.pages if pace.pages > 0 else None
-        return self.limits(share, spp)
