@@ -125,7 +125,7 @@ class Config:
     tick_alarm: int = 5
     leader_ttl: float = 10.0
     splitter: str | None = None
-    allocation: str = "scheduler_ext.strategies.allocation.DynamicAllocation"
+    allocation: str = "scheduler_ext.strategies.bandit.BanditAllocation"
     modification: str = "scheduler_ext.strategies.modification.DynamicModification"
     recall: str = "scheduler_ext.strategies.recall.DynamicRecall"
     max_entry_bytes: int = 1_000_000
@@ -138,7 +138,7 @@ class Config:
     estimate_alpha: float = 0.3
     explore_runs: int = 1
     estimate_stale: float = 600.0
-    estimate_half_life: float = 60.0
+    estimate_half_life: float = 30.0
     explore_share: float = 0.2
     bandit_seed: int | None = None
     slow_factor: float = 3.0

@@ -139,7 +139,7 @@ def test_families_generate_valid_worlds(family: str) -> None:
     b = world.behaviour("n0", "s0.example", 10)
     assert 0 <= b.share <= 1 and b.latency > 0 and 0 <= b.served <= 1
     if family == "drift":
-        assert world.changes() == [30.0, 60.0] and world.turned_good()
+        assert world.changes() == [33.3, 63.9] and world.turned_good()
     with pytest.raises(ValueError, match="family: expected one of"):
         generate("nope", nodes=1, sites=1, duration=1, seed=0)
 

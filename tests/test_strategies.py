@@ -535,10 +535,17 @@ def test_load_strategy_builds_defaults_and_reads_settings() -> None:
             "SCHEDEXT_RECALL_MAX": 3,
             "SCHEDEXT_RECALL_THRESHOLD": 90,
             "SCHEDEXT_PAGE_LIMIT": 8,
+            "SCHEDEXT_ESTIMATE_HALF_LIFE": 45,
+            "SCHEDEXT_EXPLORE_SHARE": 0.05,
         }
     )
-    alloc = load_strategy(crawler, "SCHEDEXT_ALLOCATION")
-    assert isinstance(alloc, DynamicAllocation) and alloc.slow_factor == 5.0 and alloc.explore_timeout == 90.0
+    alloc = load_strategy(crawler, "SCHEDEXT_ALLOCATION")  # the default: the bandit
+    assert isinstance(alloc, BanditAllocation) and alloc.explore_timeout == 90.0
+    assert (alloc.half_life, alloc.explore_share) == (45.0, 0.05)
+    paper = load_strategy(get_crawler(settings_dict={
+        "SCHEDEXT_ALLOCATION": "scheduler_ext.strategies.allocation.DynamicAllocation", "SCHEDEXT_SLOW_FACTOR": 5}),
+        "SCHEDEXT_ALLOCATION")
+    assert isinstance(paper, DynamicAllocation) and paper.slow_factor == 5.0
     recall = load_strategy(crawler, "SCHEDEXT_RECALL")
     assert isinstance(recall, DynamicRecall) and (recall.threshold, recall.max_recalls) == (90.0, 3)
     mod = load_strategy(crawler, "SCHEDEXT_MODIFICATION")

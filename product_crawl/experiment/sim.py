@@ -119,5 +119,6 @@ def best_possible(opts: Options, totals: dict[str, dict[str, int]], model: NodeM
     model = model or NodeModel()
     bound = bound_module.best_possible(world, nodes, work, opts.duration, model,
                                        range(config.page_limit_min, config.page_limit_max + 1))
+    bound.pop("assignments")
     return {**bound, "model": {"overhead": model.overhead, "page_cpu": model.page_cpu, "item_cpu": model.item_cpu,
                                "concurrency": model.concurrency}}

@@ -129,17 +129,20 @@ def phases(world: World, nodes: Sequence[SimNode], duration: float) -> list[tupl
 
 def best_possible(world: World, nodes: Sequence[SimNode], work: Mapping[str, SiteWork], duration: float,
                   model: NodeModel | None = None, page_limits: Iterable[int] = range(1, 21)) -> dict[str, object]:
-    """The bound: ``{"items", "phases": [[start, end, results per second], ...]}`` (see the module doc)."""
+    """The bound: ``{"items", "phases": [[start, end, results per second], ...], "assignments": [{node: site}, ...]}``
+    (see the module doc); ``assignments`` gives, per phase, the site each node crawls in the best schedule."""
     model = model or NodeModel()
     limits = list(page_limits)
     total = 0.0
     out = []
+    chosen_per_phase = []
     for a, b in phases(world, nodes, duration):
         live = [n for n in nodes if n.joins <= a < n.leaves]
         rates = {n.id: {s: r for s, w in work.items() if w.type in n.types and w.tasks > 0
                         and (r := node_rate(world.behaviour(n.id, s, a), model, limits)) > 0} for n in live}
-        value, _ = assign(rates, {s: w.tasks for s, w in work.items()})
+        value, chosen = assign(rates, {s: w.tasks for s, w in work.items()})
         total += value * (b - a)
         out.append([a, b, round(value, 3)])
+        chosen_per_phase.append(chosen)
     cap = sum(w.results for w in work.values())
-    return {"items": int(min(total, cap)), "phases": out}
+    return {"items": int(min(total, cap)), "phases": out, "assignments": chosen_per_phase}

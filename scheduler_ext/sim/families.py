@@ -9,8 +9,8 @@ and differs in which pairs are which, and in how that changes over time:
 
 ``specialists``   each node suits 1-3 sites (the paper's situation)
 ``generalists``   each node suits about 60 % of the sites, unevenly
-``drift``         specialists; at a third and at two thirds of the run a quarter of the pairs swap kinds (suited
-                  pairs turn bad, unsuited pairs turn good)
+``drift``         specialists; at 37 % and 71 % of the run a quarter of the pairs swap kinds (suited pairs turn
+                  bad, unsuited pairs turn good)
 ``unlucky``       specialists whose suited pairs fail their first pages: a suited pair answers errors for its first
                   few seconds, then serves well (a single early run says nothing)
 ``captcha``       specialists; a third of the nodes get captchas on most pages of every site, but the pages they do
@@ -100,7 +100,7 @@ def generate(family: str, *, nodes: int, sites: int, duration: float, seed: int)
             n = rng.choice(node_list)
             world.pairs[(n.id, s)] = [(0.0, suited(rng))]
     if family == "drift":
-        for when in (duration / 3, 2 * duration / 3):
+        for when in (round(0.37 * duration, 1), round(0.71 * duration, 1)):  # not on any strategy's timer
             for key in rng.sample(sorted(world.pairs), max(1, len(world.pairs) // 4)):
                 now = world.pairs[key][-1][1]
                 flipped = unsuited(rng) if now.share > 0.8 else suited(rng)

@@ -79,7 +79,7 @@ def group_sums(estimates: Estimates, group: str, site: str) -> Mapping[str, Sums
 
 class BanditAllocation(Allocation):
     def __init__(self, *, rate_floor: float = 0.6, patience: float = 30.0, explore_share: float = 0.2,
-                 half_life: float = 60.0, explore_timeout: float = 60.0, seed: int | None = 0) -> None:
+                 half_life: float = 30.0, explore_timeout: float = 60.0, seed: int | None = 0) -> None:
         self.rate_floor = rate_floor
         self.patience = patience
         self.explore_share = explore_share
@@ -157,21 +157,27 @@ class BanditAllocation(Allocation):
                 by_type.setdefault(t, []).append(n.id)
         free_by_type = {t: [nid for nid in ids if nid in free] for t, ids in by_type.items()}
         site_memo: dict[Any, tuple[dict[str, Posterior], Posterior]] = {}
+        idle: dict[str, float] = {}  # free node -> its best expected rate on the window's sites
         memo: dict[tuple[Any, ...], tuple[dict[str, float], dict[str, Posterior], Posterior, bool]] = {}
-        explore: list[tuple[float, int, bool, Subtask, str]] = []
-        pairs: list[tuple[bool, float, int, Subtask, str]] = []
-        for order, st in enumerate(subtasks):
-            typed = by_type.get(st.type)
-            if not typed:
-                continue
+        for st in subtasks:
             key = (st.group, st.site, st.type, tuple(st.avoid))
-            if key not in memo:
+            typed = by_type.get(st.type)
+            if typed and key not in memo:
                 posts, prior = self.posteriors(st.group, st.site, estimates, now, site_memo, typed)
                 avoid = set(st.avoid)
                 honour = bool(avoid) and any(nid not in avoid for nid in typed)
                 known = {nid: p.mean for nid, p in posts.items()
                          if st.type in types_of.get(nid, ()) and not (honour and nid in avoid)}
                 memo[key] = known, posts, prior, honour
+                for nid, m in known.items():
+                    if nid in free and m > idle.get(nid, 0.0):
+                        idle[nid] = m
+        explore: list[tuple[float, int, bool, Subtask, str]] = []
+        pairs: list[tuple[bool, float, int, Subtask, str]] = []
+        for order, st in enumerate(subtasks):
+            key = (st.group, st.site, st.type, tuple(st.avoid))
+            if key not in memo:
+                continue
             known, posts, prior, honour = memo[key]
             best = max(known.values(), default=0.0)
             aged = now - st.since >= self.patience
@@ -179,8 +185,9 @@ class BanditAllocation(Allocation):
             for nid, m in known.items():
                 if nid in free and m >= floor and (m > 0 or aged):
                     pairs.append((aged, m, order, st, nid))
-            # Exploration: a few free candidates, each a Thompson draw; worth a run if the draw beats the best
-            # expected rate on the site (were it true, the decision would change).
+            # Exploration: a few free candidates, each a Thompson draw. A run can change a decision if the draw
+            # beats the best expected rate on the site; for a node with nothing as good to do on the window's
+            # sites (its best is below the site's floor), if the draw would make it eligible here.
             cands = free_by_type.get(st.type, [])
             pool = cands if len(cands) <= EXPLORE_SAMPLE else self.rng.sample(cands, EXPLORE_SAMPLE)
             for nid in pool:
@@ -188,7 +195,8 @@ class BanditAllocation(Allocation):
                         or (nid in known and known[nid] >= floor and known[nid] > 0):
                     continue
                 draw = posts.get(nid, prior).sample(self.rng)
-                if draw > best:
+                bar = best if idle.get(nid, 0.0) >= self.rate_floor * best else self.rate_floor * best
+                if draw > bar:
                     explore.append((draw / best if best > 0 else float("inf"), order, best <= 0, st, nid))
         return self._match(explore, pairs, free, now, len(nodes))
 
