@@ -16,13 +16,13 @@ from pathlib import Path
 import pytest
 from conftest import run_scrapy
 
+from scheduler_ext.keys import Keys
 from scheduler_ext.models import Report, Subtask
-from scheduler_ext.sim import NodeModel, SimNode, Simulation, TaskSpec
+from scheduler_ext.sim import Simulation, TaskSpec
 from scheduler_ext.sim.bound import SiteWork, assign, best_possible
 from scheduler_ext.sim.configs import CONFIGS
 from scheduler_ext.sim.estimates import MemoryEstimates
 from scheduler_ext.sim.families import FAMILIES, generate
-from scheduler_ext.keys import Keys
 from scheduler_ext.store import Store
 
 

@@ -28,8 +28,8 @@ from scheduler_ext.strategies import (
 from scheduler_ext.strategies import modification as modification_module
 from scheduler_ext.strategies.allocation import DynamicAllocation, RoundRobinAllocation, SharedAllocation
 from scheduler_ext.strategies.bandit import BanditAllocation
-from scheduler_ext.strategies.posterior import Posterior, Sums, update_sums
 from scheduler_ext.strategies.modification import DynamicModification, FixedModification
+from scheduler_ext.strategies.posterior import Posterior, Sums, update_sums
 from scheduler_ext.strategies.recall import DynamicRecall, NoRecall
 
 NOW = 10_000.0

@@ -35,9 +35,8 @@ def run_experiment(opts: Options, *, redis_url: str = "", mongo_uri: str = "", p
     (the first seed's, simulated) are kept in ``raw/<name>.json``.
     """
     from product_crawl.experiment.report import write_html, write_plots
-    from product_crawl.experiment.summary import summarize
-
     from product_crawl.experiment.sim import simulate_configuration
+    from product_crawl.experiment.summary import summarize
 
     opts.out.mkdir(parents=True, exist_ok=True)
     (opts.out / "raw").mkdir(exist_ok=True)

@@ -263,8 +263,8 @@ def write_html(summary: dict[str, Any], out: Path, images: list[str]) -> Path:
                    for img in images)
     settings = ", ".join(f"{k}={v}" for k, v in summary["settings"].items())
     best = summary["best_possible"]
-    bound_text = (f"Best possible: {best['items']} unique items (the profile's true rates, phase by phase, each node on "
-                  f"the site it serves best within the sites' task limits; node machinery {best['model']}). "
+    bound_text = (f"Best possible: {best['items']} unique items (the profile's true rates, phase by phase, each node "
+                  f"on the site it serves best within the sites' task limits; node machinery {best['model']}). "
                   + ("Simulated runs (scheduler_ext.sim)." if summary.get("simulated") else "Real processes."))
     dhead, drows = distribution_rows(summary)
     dist = f"<h2>Ratio distribution over simulated seeds</h2>{tab(dhead, drows)}" if drows else ""

@@ -55,14 +55,15 @@ class MemoryEstimates:
 
     def finish(self, *, site: str, group: str, node: str, offered: int, collected: int, pages: int,
                seconds: float, ok: bool, now: float) -> None:
-        kw = {"offered": offered, "collected": collected, "pages": pages, "seconds": seconds, "ok": ok,
-              "alpha": self.alpha, "now": now}
-        per_site = self.sites.setdefault(site, {})
-        per_site[node] = e = updated(per_site.get(node), with_completion=True, **kw)
-        self._site_sums.setdefault(site, {})[node] = e.sums  # type: ignore[assignment]
-        per_group = self.groups.setdefault((group, site), {})
-        per_group[node] = g = updated(per_group.get(node), with_completion=False, **kw)
-        self._group_sums.setdefault((group, site), {})[node] = g.sums  # type: ignore[assignment]
+        def update(entries: dict[str, Entry], sums: dict[str, Sums], with_completion: bool) -> None:
+            e = entries[node] = updated(entries.get(node), offered=offered, collected=collected, pages=pages,
+                                        seconds=seconds, ok=ok, alpha=self.alpha, now=now,
+                                        with_completion=with_completion)
+            assert e.sums is not None  # updated() always sets them
+            sums[node] = e.sums
+
+        update(self.sites.setdefault(site, {}), self._site_sums.setdefault(site, {}), True)
+        update(self.groups.setdefault((group, site), {}), self._group_sums.setdefault((group, site), {}), False)
 
     # --- the Estimates protocol -------------------------------------------------------------------------------------
     def completion(self, site: str, node: str) -> Estimate | None:
