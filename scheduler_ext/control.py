@@ -1,28 +1,44 @@
 """The control loop: split, modify, recall and allocate, one tick at a time (docs/control.md).
 
+A tick is three steps:
+
+1. **read** (:meth:`Control.read`): one thin Redis layer takes a :class:`Snapshot` of what the tick needs (the
+   oldest entries of ``virtual``, ``sleeping`` and ``failed``, lapsed leases, stale crawl-queue entries, silent
+   nodes, live nodes and their free slots, a window of ``waiting``). Nothing is decided on a half-read state: a
+   Redis error here fails the tick before any decision.
+2. **decide** (:func:`decide`): a pure function of the snapshot, the strategies and the time, returning
+   :class:`Decision` objects. Any exception while decoding, splitting, validating or deciding about *one* entry
+   becomes a dead-letter decision for that entry (reason and raw bytes, safely shown); the others go on.
+3. **apply** (:meth:`Control.apply`): every decision is one guarded :meth:`Store.commit`, guarded by the state it
+   was made from (the entry still at the tail of its list, the lease token unchanged, the subtask still waiting),
+   so a decision is applied exactly once even if two controls overlap for a moment or one dies half-way.
+
 One control is active at a time: each tick starts by taking or renewing the leader lease (``leader`` key,
-``SCHEDEXT_LEADER_TTL``); a standby ticks idly until the lease lapses, then takes over. Every decision is
-committed with :meth:`Store.commit`, guarded by the state it was made from (the report still at the tail of its
-list, the lease token unchanged, the subtask still waiting), so a decision is applied exactly once even if two
-controls overlap for a moment or one is killed half-way.
+``SCHEDEXT_LEADER_TTL``); a standby ticks idly until the lease lapses, then takes over.
 
-A tick costs in proportion to the work that changed: at most ``SCHEDEXT_TICK_BATCH`` virtual tasks, reports and
-recalls, and a window of the first waiting subtasks sized by the free crawl-queue slots; never a scan of a queue.
+A tick costs in proportion to the work that changed: at most ``SCHEDEXT_TICK_BATCH`` entries per input, a window
+of waiting subtasks sized by the free crawl-queue slots, and only the estimates that changed since the last tick
+(``est:dirty``); never a scan of a queue.
 
-Settings: ``SCHEDEXT_TICK_INTERVAL``, ``SCHEDEXT_TICK_BATCH``, ``SCHEDEXT_LEADER_TTL``, ``SCHEDEXT_SPLITTER``,
-``SCHEDEXT_ALLOCATION``, ``SCHEDEXT_MODIFICATION``, ``SCHEDEXT_RECALL``, ``SCHEDEXT_PAGE_LIMIT``,
-``SCHEDEXT_TIME_LIMIT``, ``SCHEDEXT_RECALL_THRESHOLD``, ``SCHEDEXT_PREFIX``.
+Settings (through :class:`~scheduler_ext.config.Config`): ``SCHEDEXT_TICK_INTERVAL``, ``SCHEDEXT_TICK_BATCH``,
+``SCHEDEXT_TICK_ALARM``, ``SCHEDEXT_LEADER_TTL``, ``SCHEDEXT_SPLITTER``, ``SCHEDEXT_ALLOCATION``,
+``SCHEDEXT_MODIFICATION``, ``SCHEDEXT_RECALL``, ``SCHEDEXT_PAGE_LIMIT``, ``SCHEDEXT_TIME_LIMIT``,
+``SCHEDEXT_RECALL_AGE``, ``SCHEDEXT_NODE_TIMEOUT``, ``SCHEDEXT_MAX_ENTRY_BYTES``, ``SCHEDEXT_BACKOFF_MAX``,
+``SCHEDEXT_PREFIX``.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import socket
-from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field
-from typing import Any
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field, replace
+from functools import partial
+from typing import Any, Protocol
 
 import redis
 from scrapy import signals
@@ -31,36 +47,78 @@ from scrapy.utils.asyncio import create_looping_call
 from scrapy.utils.misc import load_object
 from twisted.internet import threads
 
-from .config import config_for
+from .config import Config, backoff, config_for
 from .connection import redis_from_settings
 from .exceptions import ConfigurationError, InvalidInput
 from .keys import Keys
 from .models import Report, Subtask, Task, loads_object
-from .store import Store
-from .strategies import Allocation, Estimate, Modification, NodeView, Recall, RecallDecision, load_strategy
+from .store import Guard, Store, Write
+from .strategies import Allocation, Estimate, Estimates, Modification, NodeView, Recall, RecallDecision, load_strategy
 from .strategies.posterior import Sums
 
 logger = logging.getLogger(__name__)
 
 Splitter = Callable[[str], list[dict[str, Any]]]
 
+SHOWN_CHARS = 2000  # characters of an entry a dead letter shows when it cannot keep the entry whole
+KEPT_CHARS = 65_536  # a valid UTF-8 entry up to this long is kept whole in its dead letter (so it can be requeued)
 
+
+# --- estimates ----------------------------------------------------------------------------------------------------
 class EstimateCache:
-    """Run-control estimates for one tick, read from the estimate hashes (one per site and one per (product,
-    site), a field per node), so a tick reads every node's figures for a site in one command.
+    """Run-control estimates, read from the estimate hashes (one per site and one per (product, site), a field per
+    node) and kept across ticks: each tick re-reads only the fields the finish script marked in ``est:dirty``.
 
-    Each hash is parsed once into :class:`Estimate` objects per node; allocation asks for (site, node) pairs
-    hundreds of thousands of times a tick at scale, so a lookup is two dict reads. A cache lives for one tick:
-    what it holds is bounded by that tick's work, and the next tick sees the runs that finished meanwhile.
+    Implements :class:`~scheduler_ext.strategies.Estimates`, plus :meth:`site_figures` and :meth:`group_figures`
+    (every node's figures at once) that let allocation rank nodes once per site instead of once per subtask.
+    A miss loads the hash (one round trip); the read step prefetches what a tick will need so that deciding
+    does not wait on Redis. :meth:`reset` forgets everything (a control that regains the lead, or after a Redis
+    error: the server may have restarted from an older state).
     """
+
+    MAX_GROUPS = 200_000  # (product, site) hashes kept, at most; the oldest are forgotten first
 
     def __init__(self, store: Store) -> None:
         self.store = store
         self._sites: dict[str, dict[str, tuple[Estimate | None, Estimate | None]]] = {}  # site -> node -> (c, spp)
         self._groups: dict[tuple[str, str], dict[str, Estimate | None]] = {}  # (group, site) -> node -> spp
-        # The bandit's sums (scheduler_ext/strategies/posterior.py), parsed from the same entries.
+        # The bandit's sums (scheduler_ext/strategies/posterior.py), parsed from the same fields.
         self._site_sums: dict[str, dict[str, Sums]] = {}
         self._group_sums: dict[tuple[str, str], dict[str, Sums]] = {}
+        self.reads = 0  # hashes or fields read from Redis, for benchmarks and tests
+
+    def reset(self) -> None:
+        self._sites.clear()
+        self._groups.clear()
+        self._site_sums.clear()
+        self._group_sums.clear()
+
+    def refresh(self) -> None:
+        """Re-read the fields changed since the last refresh (``est:dirty``), for the hashes held."""
+        keys = self.store.keys
+        fields: list[tuple[str, Any, str]] = []
+        for member in self.store.take_dirty_estimates():
+            parts = member.split("|", 3)
+            if len(parts) == 3 and parts[0] == "s" and parts[2] in self._sites:
+                fields.append(("s", parts[2], parts[1]))
+            elif len(parts) == 4 and parts[0] == "g" and (parts[3], parts[2]) in self._groups:
+                fields.append(("g", (parts[3], parts[2]), parts[1]))
+        if not fields:
+            return
+        with self.store.redis.pipeline(transaction=False) as pipe:
+            for kind, what, node in fields:
+                pipe.hget(keys.est_site(what) if kind == "s" else keys.est_group_site(*what), node)
+            rows = pipe.execute()
+        self.reads += len(fields)
+        for (kind, what, node), raw in zip(fields, rows, strict=True):
+            e = _parse_one(raw)
+            sums = _sums(e)
+            if kind == "s":
+                self._sites[what][node] = (_estimate(e, "c"), _estimate(e, "spp"))
+                _put(self._site_sums.setdefault(what, {}), node, sums)
+            else:
+                self._groups[what][node] = _estimate(e, "spp")
+                _put(self._group_sums.setdefault(what, {}), node, sums)
 
     def prefetch(self, sites: Iterable[str], group_sites: Iterable[tuple[str, str]]) -> None:
         """Load the estimate hashes of these sites and (product, site) pairs not loaded yet, in one round trip."""
@@ -75,217 +133,378 @@ class EstimateCache:
             for group, site in groups:
                 pipe.hgetall(keys.est_group_site(group, site))
             rows = pipe.execute()
+        self.reads += len(rows)
         for site, fields in zip(sites, rows, strict=False):
-            parsed = _parse(fields)
+            parsed = {node: e for node, raw in fields.items() if (e := _parse_one(raw)) is not None}
             self._sites[site] = {node: (_estimate(e, "c"), _estimate(e, "spp")) for node, e in parsed.items()}
-            self._site_sums[site] = {node: s for node, e in parsed.items() if (s := Sums.from_entry(e))}
+            self._site_sums[site] = {node: s for node, e in parsed.items() if (s := _sums(e)) is not None}
         for gs, fields in zip(groups, rows[len(sites):], strict=True):
-            parsed = _parse(fields)
+            parsed = {node: e for node, raw in fields.items() if (e := _parse_one(raw)) is not None}
             self._groups[gs] = {node: _estimate(e, "spp") for node, e in parsed.items()}
-            self._group_sums[gs] = {node: s for node, e in parsed.items() if (s := Sums.from_entry(e))}
+            self._group_sums[gs] = {node: s for node, e in parsed.items() if (s := _sums(e)) is not None}
+        while len(self._groups) > self.MAX_GROUPS:
+            oldest = next(iter(self._groups))
+            del self._groups[oldest]
+            self._group_sums.pop(oldest, None)
 
     # --- the Estimates protocol ----------------------------------------------------------------------------
     def completion(self, site: str, node: str) -> Estimate | None:
-        if site not in self._sites:
-            self.prefetch([site], [])
-        entry = self._sites[site].get(node)
+        entry = self.site_figures(site).get(node)
         return entry[0] if entry else None
 
     def seconds_per_page(self, group: str, site: str, node: str) -> Estimate | None:
-        if (group, site) not in self._groups or site not in self._sites:
-            self.prefetch([site], [(group, site)])
-        spp = self._groups[(group, site)].get(node)
+        spp = self.group_figures(group, site).get(node)
         if spp is not None:
             return spp
-        entry = self._sites[site].get(node)
+        entry = self.site_figures(site).get(node)
         return entry[1] if entry else None
 
+    # --- every node at once (used by DynamicAllocation when present) ---------------------------------------
+    def site_figures(self, site: str) -> dict[str, tuple[Estimate | None, Estimate | None]]:
+        """node -> (completion, site-wide seconds per page) for every node with figures on ``site``."""
+        if site not in self._sites:
+            self.prefetch([site], [])
+        return self._sites[site]
+
+    def group_figures(self, group: str, site: str) -> dict[str, Estimate | None]:
+        """node -> seconds per page for this (product, site), for the nodes that have one."""
+        if (group, site) not in self._groups:
+            self.prefetch([], [(group, site)])
+        return self._groups[(group, site)]
+
+    # --- the bandit's sums (the EstimateSums protocol) -------------------------------------------------------
     def site_sums(self, site: str) -> dict[str, Sums]:
         if site not in self._sites:
             self.prefetch([site], [])
-        return self._site_sums[site]
+        return self._site_sums.setdefault(site, {})
 
     def group_sums(self, group: str, site: str) -> dict[str, Sums]:
         if (group, site) not in self._groups:
             self.prefetch([], [(group, site)])
-        return self._group_sums[(group, site)]
+        return self._group_sums.setdefault((group, site), {})
 
 
-def _parse(fields: dict[str, str]) -> dict[str, dict[str, Any]]:
-    return {node: json.loads(raw) for node, raw in fields.items()}
+def _sums(entry: dict[str, Any] | None) -> Sums | None:
+    return None if entry is None else Sums.from_entry(entry)
 
 
-def _estimate(entry: dict[str, Any], name: str) -> Estimate | None:
-    value = entry.get(name)
-    return None if value is None else Estimate(float(value), int(entry.get("runs") or 0), float(entry.get("last") or 0))
+def _put(per_node: dict[str, Sums], node: str, sums: Sums | None) -> None:
+    if sums is None:
+        per_node.pop(node, None)
+    else:
+        per_node[node] = sums
+
+
+def _parse_one(raw: str | None) -> dict[str, Any] | None:
+    """An estimate field, or None if it is missing or not a JSON object (an estimate we did not write)."""
+    if raw is None:
+        return None
+    try:
+        value = json.loads(raw)
+    except (ValueError, RecursionError):
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def _estimate(entry: dict[str, Any] | None, name: str) -> Estimate | None:
+    if entry is None:
+        return None
+    try:
+        value = entry.get(name)
+        if value is None:
+            return None
+        est = Estimate(float(value), int(entry.get("runs") or 0), float(entry.get("last") or 0))
+    except (TypeError, ValueError):
+        return None
+    return est if math.isfinite(est.value) and math.isfinite(est.last_run) else None
+
+
+# --- the snapshot ---------------------------------------------------------------------------------------------
+class IdSource(Protocol):
+    """Fresh ids for tasks, subtasks and dead letters: the one thing :func:`decide` asks of the outside world."""
+
+    def take(self, n: int) -> list[str]:
+        """``n`` ids never handed out before (gaps are harmless)."""
+
+
+class StoreIds:
+    """Ids from the deployment's ``seq`` counter."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+
+    def take(self, n: int) -> list[str]:
+        return self.store.reserve_ids(n)
+
+
+class CountingIds:
+    """Ids from a local counter (simulations and tests of :func:`decide`)."""
+
+    def __init__(self, start: int = 0) -> None:
+        self.last = start
+
+    def take(self, n: int) -> list[str]:
+        self.last += n
+        return [str(i) for i in range(self.last - n + 1, self.last + 1)]
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One entry of an input list as read: ``raw`` (cut if ``sha1`` is set: the entry was too long), its size."""
+
+    key: str
+    raw: str
+    size: int
+    sha1: str = ""
+
+    @property
+    def whole(self) -> bool:
+        return not self.sha1
+
+    @property
+    def guard(self) -> Guard:
+        """The guard that consumes exactly this entry (it must still be the oldest of its list)."""
+        return Guard.tail_sha1_is(self.key, self.sha1) if self.sha1 else Guard.tail_is(self.key, self.raw)
+
+
+@dataclass(frozen=True)
+class LapsedLease:
+    sid: str
+    lease: str | None  # lease_info JSON
+    subtask: str | None  # subtasks JSON
+
+
+@dataclass(frozen=True)
+class SilentNode:
+    """A node whose last heartbeat is older than the node timeout, with its crawl queue."""
+
+    node: str
+    cutoff: float
+    queue: list[str]
 
 
 @dataclass
-class TickResult:
-    leader: bool
-    split: int = 0
-    reports: int = 0
-    recalled: int = 0
+class Snapshot:
+    """What one tick reads, all of it before any decision. Built by :meth:`Control.read`, or by hand (simulator)."""
+
+    keys: Keys
+    now: float
+    estimates: Estimates
+    ids: IdSource
+    virtual: list[Entry] = field(default_factory=list)  # oldest first
+    reports: list[Entry] = field(default_factory=list)  # sleeping, oldest first
+    failures: list[Entry] = field(default_factory=list)  # failed, oldest first
+    tasks: dict[str, str | None] = field(default_factory=dict)  # task id -> record, for reports and failures
+    lapsed: list[LapsedLease] = field(default_factory=list)
+    stale: list[tuple[str, str | None]] = field(default_factory=list)  # (subtask id, record) queued too long
+    silent: list[SilentNode] = field(default_factory=list)
+    nodes: list[NodeView] = field(default_factory=list)  # live nodes with their free slots
+    waiting: list[tuple[str, str | None]] = field(default_factory=list)  # (id, record), priority order
+
+
+@dataclass
+class Strategies:
+    """The policy :func:`decide` applies: the three strategies, the splitter and the limits of first subtasks."""
+
+    allocation: Allocation
+    modification: Modification
+    recall: Recall
+    splitter: Splitter | None = None
+    page_limit: int = 5
+    time_limit: float = 30.0
+    recall_age: float = 60.0
+    max_entry_bytes: int = 1_000_000
+    window: Callable[[int], int] = lambda free: 32 + 2 * free  # waiting subtasks offered to allocation
+
+
+@dataclass
+class Decision:
+    """One guarded commit: applied whole if every guard still holds, else not at all.
+
+    ``kind`` is ``split``, ``report``, ``recall``, ``dead``, ``allocate``, ``forget`` (a silent node) or ``drop``
+    (a deadline or queue entry with no record behind it); ``dead`` counts the dead letters it writes.
+    """
+
+    kind: str
+    guards: list[Guard]
+    writes: list[Write]
+    subject: str = ""
     dead: int = 0
-    allocated: int = 0
-    notes: list[str] = field(default_factory=list)
+    note: str = ""
 
 
-class Control:
-    """The control loop of one deployment. Build with :meth:`from_crawler`, call :meth:`tick` on a timer."""
+def shown(raw: str, limit: int = SHOWN_CHARS) -> str:
+    """``raw`` safe to show and store as UTF-8 JSON: undecodable bytes as ``\\xNN``, cut to ``limit``.
 
-    def __init__(self, store: Store, *, splitter: Splitter | None, allocation: Allocation,
-                 modification: Modification, recall: Recall, control_id: str | None = None,
-                 page_limit: int = 5, time_limit: float = 30.0, batch: int = 500, leader_ttl: float = 10.0,
-                 node_timeout: float | None = None) -> None:
-        self.store, self.keys = store, store.keys
-        self.splitter = splitter
-        self.allocation, self.modification, self.recall = allocation, modification, recall
-        self.control_id = control_id or f"{socket.gethostname()}-{os.getpid()}"
-        self.page_limit, self.time_limit = page_limit, time_limit
-        self.batch, self.leader_ttl = batch, leader_ttl
-        self.node_timeout = recall.threshold if node_timeout is None else node_timeout
-        self.estimates = EstimateCache(store)  # renewed every tick
-        self.now = 0.0  # Redis time at the start of the current tick
-        self.is_leader = False
+    >>> shown("ok")
+    'ok'
+    >>> shown(b"\\x80\\x04K".decode("utf-8", "surrogateescape"))
+    '\\\\x80\\x04K'
+    """
+    text = raw.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+    return text if len(text) <= limit else text[:limit] + f"... ({len(text)} characters)"
 
-    @classmethod
-    def from_crawler(cls, crawler: Any) -> Control:
-        c = config_for(crawler)
+
+def _is_utf8(raw: str) -> bool:
+    try:
+        raw.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _reason(exc: BaseException) -> str:
+    """A dead letter's reason: our own errors as they are, anything else with its type (a bug or a bad plug-in)."""
+    if isinstance(exc, (InvalidInput, ConfigurationError)):
+        return str(exc)
+    return f"{type(exc).__name__}: {exc}"
+
+
+# --- decide -------------------------------------------------------------------------------------------------------
+def decide(snapshot: Snapshot, strategies: Strategies, now: float) -> list[Decision]:
+    """Every decision of one tick, in the order they must be applied. Pure but for ``snapshot.ids``.
+
+    Never raises for a bad entry or a failing strategy: what cannot be decided about one entry becomes a
+    dead-letter decision for it (its reason, its raw bytes safely shown), and the rest is decided as usual.
+    Subtasks created by this tick's splits, reports and recalls are offered to allocation in the same tick.
+    """
+    return _Decider(snapshot, strategies, now).run()
+
+
+class _Decider:
+    def __init__(self, snap: Snapshot, strat: Strategies, now: float) -> None:
+        self.snap, self.strat, self.now, self.k = snap, strat, now, snap.keys
+        self.decisions: list[Decision] = []
+        self.fresh: list[Subtask] = []  # subtasks this tick puts into waiting (offered to allocation too)
+        self.tasks: dict[str, Task] = {}  # task records this tick changed
+
+    def run(self) -> list[Decision]:
+        for e in self.snap.virtual:
+            self._isolated(partial(self._split, e), self._dead_entry, e, "virtual")
+        for e in self.snap.reports:
+            self._isolated(partial(self._report, e), self._dead_entry, e, "report")
+        for e in self.snap.failures:
+            self._isolated(partial(self._failure, e), self._dead_entry, e, "failure")
+        for lease in self.snap.lapsed:
+            self._isolated(partial(self._lapsed, lease), self._dead_lease, lease)
+        for sid, raw in self.snap.stale:
+            self._isolated(partial(self._stale, sid, raw), self._dead_stale, sid, raw)
+        for silent in self.snap.silent:
+            self._silent(silent)
+        self._allocate()
+        return self.decisions
+
+    def _isolated(self, fn: Callable[[], Decision | list[Decision] | None],
+                  on_error: Callable[..., Decision], *args: Any) -> None:
+        """Run ``fn`` (which builds decisions without side effects until it returns); any exception becomes
+        ``on_error(exc, *args)``: a dead-letter decision for the one entry."""
+        fresh, tasks = len(self.fresh), dict(self.tasks)
         try:
-            splitter = load_object(c.splitter) if c.splitter else None
-        except (ImportError, NameError, ValueError, AttributeError) as exc:
-            raise ConfigurationError(f"SCHEDEXT_SPLITTER: cannot load {c.splitter!r}: {exc}") from exc
-        return cls(
-            Store(redis_from_settings(crawler.settings), Keys(c.prefix)), splitter=splitter,
-            allocation=load_strategy(crawler, "SCHEDEXT_ALLOCATION"),
-            modification=load_strategy(crawler, "SCHEDEXT_MODIFICATION"),
-            recall=load_strategy(crawler, "SCHEDEXT_RECALL"),
-            control_id=c.control_id, page_limit=c.page_limit, time_limit=c.time_limit, batch=c.tick_batch,
-            leader_ttl=c.leader_ttl, node_timeout=c.node_timeout)
+            made = fn()
+        except Exception as exc:  # noqa: BLE001 - anything about one entry must not stop the tick
+            del self.fresh[fresh:]
+            self.tasks = tasks
+            if not isinstance(exc, (InvalidInput, ConfigurationError)):
+                logger.warning("dead-lettering an entry after an unexpected error", exc_info=True)
+            self.decisions.append(on_error(exc, *args))
+            return
+        if isinstance(made, Decision):
+            self.decisions.append(made)
+        elif made:
+            self.decisions.extend(made)
 
-    # --- the tick --------------------------------------------------------------------------------------------------
-    def tick(self) -> TickResult:
-        leader = self.store.lead(self.control_id, self.leader_ttl)
-        if leader != self.is_leader:
-            logger.info("control %s is now %s", self.control_id, "the leader" if leader else "on standby")
-            self.is_leader = leader
-        result = TickResult(leader)
-        if not leader:
-            return result
-        self.estimates = EstimateCache(self.store)
-        now = self.now = self.store.now()  # one Redis time per tick: the time stamps of its decisions
-        self._split(result)
-        self._reports(result)
-        self._failures(result)
-        self._lapsed_leases(result, now)
-        self._stale_queued(result, now)
-        self._dead_nodes(result, now)
-        self._allocate(result, now)
-        return result
-
-    def resign(self) -> None:
-        """Give up the leader lease at once (on a clean stop), so a standby need not wait for it to lapse."""
-        if self.is_leader:
-            self.store.resign(self.control_id)
-            self.is_leader = False
-
-    # --- helpers -----------------------------------------------------------------------------------------------
-    def _oldest(self, key: str) -> Iterator[tuple[str, list[Any]]]:
-        """Up to a batch of the list's entries, oldest first, each with the guard that consumes exactly it.
-
-        An entry is only looked at here; the commit that acts on it pops it (``tail_is``), so a control that dies
-        between the two leaves it for the next tick, and one that loses the race to another control changes nothing.
-        """
-        for _ in range(self.batch):
-            raw = self.store.redis.lindex(key, -1)
-            if raw is None:
-                return
-            yield raw, ["tail_is", key, raw]
-
-    def _ids(self, n: int) -> list[str]:
-        last = int(self.store.redis.incrby(self.keys.seq, n))
-        return [str(i) for i in range(last - n + 1, last + 1)]
-
-    def _dead_entry(self, dead_id: str, **entry: Any) -> list[Any]:
+    # --- helpers ------------------------------------------------------------------------------------------------
+    def _dead_write(self, dead_id: str, **entry: Any) -> Write:
         """The write that puts one entry (docs/redis-keys.md, dead-letter entries) on the dead-letter list."""
-        entry = {"v": 1, "id": dead_id, "at": self.now, **entry}
-        return ["hset", self.keys.dead, dead_id, json.dumps(entry, ensure_ascii=False)]
+        return Write.hset(self.k.dead, dead_id, json.dumps({"v": 1, "id": dead_id, "at": self.now, **entry},
+                                                          ensure_ascii=False))
 
-    def _dead_letter(self, src_guard: list[Any], dead_id: str, entry: dict[str, Any],
-                     extra: list[list[Any]] | None = None) -> bool:
-        return bool(self.store.commit([src_guard], [self._dead_entry(dead_id, **entry), *(extra or [])]))
+    def _raw_fields(self, raw: str, size: int | None = None, cut: bool = False) -> dict[str, Any]:
+        """How a dead letter holds a raw entry: whole if it is UTF-8 and not too long, else shown safely."""
+        whole = not cut and _is_utf8(raw) and len(raw) <= KEPT_CHARS
+        out: dict[str, Any] = {"raw": raw if whole else shown(raw), "size": size if size is not None else
+                               len(raw.encode("utf-8", "surrogateescape"))}
+        if not whole:
+            out["cut"] = True
+        return out
 
-    def _new_subtask_writes(self, st: Subtask) -> list[list[Any]]:
-        return [["hset", self.keys.subtasks, st.id, st.to_json()], ["zadd", self.keys.waiting, st.priority, st.id]]
+    def _dead_entry(self, exc: BaseException, e: Entry, kind: str) -> Decision:
+        """An entry of ``virtual``, ``sleeping`` or ``failed`` that cannot be used, to the dead-letter list."""
+        counter = {"virtual": "malformed_virtual", "report": "malformed_reports", "failure": "malformed_failures"}
+        prefix = {"virtual": "v", "report": "r", "failure": "f"}[kind]
+        dead_id = prefix + self.snap.ids.take(1)[0]
+        writes = [self._dead_write(dead_id, kind=kind, reason=_reason(exc), attempts=0, last_node=None,
+                                   source=e.key, **self._raw_fields(e.raw, e.size, cut=not e.whole)),
+                  Write.hincrby(self.k.counters, counter[kind])]
+        logger.warning("%s entry dead-lettered as %s: %s", kind, dead_id, _reason(exc))
+        return Decision("dead", [e.guard], writes, subject=dead_id, dead=1, note=_reason(exc))
 
-    # --- 1. split injected virtual tasks ---------------------------------------------------------------------
-    def _split(self, result: TickResult) -> None:
-        k = self.keys
-        for raw, guard in self._oldest(k.virtual):
-            try:
-                if self.splitter is None:
-                    raise ConfigurationError("SCHEDEXT_SPLITTER is not set: cannot split virtual tasks")
-                specs = self.splitter(raw)
-            except (InvalidInput, ConfigurationError) as exc:
-                vid = "v" + self._ids(1)[0]
-                self._dead_letter(guard, vid, {"kind": "virtual", "reason": str(exc), "raw": raw[:2000],
-                                               "attempts": 0, "last_node": None},
-                                  [["hincrby", k.counters, "malformed_virtual", 1]])
-                result.dead += 1
-                logger.warning("virtual task dead-lettered as %s: %s", vid, exc)
-                continue
-            ids = self._ids(2 * len(specs))
-            writes: list[list[Any]] = []
-            now = self.now
-            for i, spec in enumerate(specs):
-                tid, sid = ids[2 * i], ids[2 * i + 1]
-                prio = spec.get("priority")
-                task = Task(id=tid, site=spec["site"], group=spec.get("group", ""), type=int(spec.get("type", 0)),
-                            priority=float(tid) if prio is None else float(prio), payload=spec.get("payload", {}),
-                            page_limit=self.page_limit, time_limit=self.time_limit)
-                st = Subtask(id=sid, task=tid, site=task.site, group=task.group, type=task.type,
-                             priority=task.priority, first_page=0, page_limit=self.page_limit,
-                             time_limit=self.time_limit, since=now, payload=task.payload)
-                writes += [["hset", k.tasks, tid, task.to_json()], *self._new_subtask_writes(st),
-                           ["hincrby", k.progress, f"{task.group}|tasks", 1]]
-            writes.append(["hincrby", k.counters, "virtual_tasks", 1])
-            writes.append(["hincrby", k.counters, "tasks", len(specs)])
-            if self.store.commit([guard], writes):
-                result.split += 1
+    def _text(self, e: Entry, what: str) -> str:
+        if not e.whole:
+            raise InvalidInput(f"{what} of {e.size} bytes is longer than SCHEDEXT_MAX_ENTRY_BYTES "
+                               f"({self.strat.max_entry_bytes}); not read")
+        if not _is_utf8(e.raw):
+            raise InvalidInput(f"{what}: not UTF-8 JSON (a pickle or other binary payload?)")
+        return e.raw
 
-    # --- 2. modification: reports of finished subtasks -----------------------------------------------------
-    def _reports(self, result: TickResult) -> None:
-        k = self.keys
-        for raw, guard in self._oldest(k.sleeping):
-            try:
-                report = Report.from_json(raw)
-            except InvalidInput as exc:
-                self._dead_letter(guard, "r" + self._ids(1)[0], {"kind": "report", "reason": str(exc),
-                                                                 "raw": raw[:2000], "attempts": 0,
-                                                                 "last_node": None})
-                result.dead += 1
-                continue
-            if self.store.commit([guard], self._advance(report)):
-                result.reports += 1
+    def _waiting_writes(self, st: Subtask) -> list[Write]:
+        self.fresh.append(st)
+        return [Write.hset(self.k.subtasks, st.id, st.to_json()), Write.zadd(self.k.waiting, st.priority, st.id)]
 
-    def _advance(self, report: Report, *, abandoned: bool = False) -> list[list[Any]]:
+    # --- 1. split -------------------------------------------------------------------------------------------------
+    def _split(self, e: Entry) -> Decision:
+        raw = self._text(e, "virtual task")
+        if self.strat.splitter is None:
+            raise ConfigurationError("SCHEDEXT_SPLITTER is not set: cannot split virtual tasks")
+        specs = self.strat.splitter(raw)
+        if not isinstance(specs, list) or not all(isinstance(s, dict) for s in specs):
+            raise InvalidInput(f"SCHEDEXT_SPLITTER returned {type(specs).__name__}, expected a list of task specs")
+        k, page_limit, time_limit = self.k, self.strat.page_limit, self.strat.time_limit
+        ids = self.snap.ids.take(2 * len(specs))
+        writes: list[Write] = []
+        for i, spec in enumerate(specs):
+            tid, sid = ids[2 * i], ids[2 * i + 1]
+            site, group, prio = spec.get("site"), spec.get("group", ""), spec.get("priority")
+            payload = spec.get("payload", {})
+            if not isinstance(site, str) or not site or not isinstance(group, str) or not isinstance(payload, dict):
+                raise InvalidInput(f"task spec {i}: expected site (a non-empty string), group (a string) and "
+                                   f"payload (an object), got {spec!r:.200}")
+            priority = float(tid) if prio is None else float(prio)
+            if not math.isfinite(priority):
+                raise InvalidInput(f"task spec {i}: priority {prio!r} is not a finite number")
+            task = Task(id=tid, site=site, group=group, type=int(spec.get("type", 0)), priority=priority,
+                        payload=payload, page_limit=page_limit, time_limit=time_limit)
+            st = Subtask(id=sid, task=tid, site=site, group=group, type=task.type, priority=priority, first_page=0,
+                         page_limit=page_limit, time_limit=time_limit, since=self.now, payload=payload)
+            writes += [Write.hset(k.tasks, tid, task.to_json()), *self._waiting_writes(st),
+                       Write.hincrby(k.progress, f"{group}|tasks")]
+        writes += [Write.hincrby(k.counters, "virtual_tasks"), Write.hincrby(k.counters, "tasks", len(specs))]
+        return Decision("split", [e.guard], writes, subject=f"{len(specs)} tasks")
+
+    # --- 2. reports ---------------------------------------------------------------------------------------------
+    def _report(self, e: Entry) -> Decision:
+        report = Report.from_json(self._text(e, "report"))
+        return Decision("report", [e.guard], self._advance(report), subject=report.subtask.id)
+
+    def _task(self, tid: str) -> Task | None:
+        if tid in self.tasks:
+            return self.tasks[tid]
+        raw = self.snap.tasks.get(tid)
+        return None if raw is None else Task.from_json(raw)
+
+    def _advance(self, report: Report, *, abandoned: bool = False) -> list[Write]:
         """Writes that record ``report`` on its task and, if pages remain, queue the task's next subtask."""
-        k, st = self.keys, report.subtask
-        writes: list[list[Any]] = [["hincrby", k.counters, "reports", 1]]
-        raw_task = self.store.redis.hget(k.tasks, st.task)
-        if raw_task is None:  # a subtask pushed by hand, with no task record: nothing to continue
-            return writes
+        k, st = self.k, report.subtask
+        writes = [Write.hincrby(k.counters, "reports")]
         try:
-            task = Task.from_json(raw_task)
+            task = self._task(st.task)
         except InvalidInput as exc:  # a corrupt task record: keep it for inspection, continue nothing
             logger.error("task %s: %s; its next subtask is not made", st.task, exc)
-            return [*writes, ["hincrby", k.counters, "corrupt_tasks", 1]]
-        if task.done:
+            return [*writes, Write.hincrby(k.counters, "corrupt_tasks")]
+        if task is None or task.done:  # a subtask pushed by hand (no task record), or a finished task
             return writes
-        task.subtasks += 1
-        task.collected += report.collected
-        task.last_node = report.node
+        task = replace(task, subtasks=task.subtasks + 1, collected=task.collected + report.collected,
+                       last_node=report.node)
         if report.reported is not None:
             task.reported = report.reported
         if report.total_pages is not None:
@@ -294,224 +513,466 @@ class Control:
         task.next_page = max(task.next_page, next_page)
         if report.exhausted or (task.total_pages is not None and task.next_page >= task.total_pages):
             task.done = True
-            writes.append(["hincrby", k.progress, f"{task.group}|done", 1])
-            writes.append(["hincrby", k.counters, "tasks_done", 1])
+            writes += [Write.hincrby(k.progress, f"{task.group}|done"), Write.hincrby(k.counters, "tasks_done")]
         else:
-            chosen = self.modification.next_limits(report, self.estimates)
-            # "Modified": the strategy chose other limits than the task's last ones (not a recall's remainder of a
-            # slice, nor the cut to the pages left at the end of the results).
-            if chosen != (task.page_limit, task.time_limit):
-                writes.append(["hincrby", k.node_counters(report.node), "modified", 1])
-            pages, limit = chosen
+            chosen = self.strat.modification.next_limits(report, self.snap.estimates)
+            pages, limit = int(chosen[0]), float(chosen[1])
+            if pages < 1 or not (limit > 0 and math.isfinite(limit)):
+                raise InvalidInput(f"modification strategy chose limits {chosen!r}; expected pages >= 1 and "
+                                   "seconds > 0")
+            # "Modified": the strategy chose other limits than the task's last ones (not a recall's remainder of
+            # a slice, nor the cut to the pages left at the end of the results).
+            if (pages, limit) != (task.page_limit, task.time_limit):
+                writes.append(Write.hincrby(k.node_counters(report.node), "modified"))
+            task.page_limit, task.time_limit = pages, limit
             if task.total_pages is not None:
                 pages = max(1, min(pages, task.total_pages - task.next_page))
-            nid = self._ids(1)[0]
-            nxt = Subtask(id=nid, task=task.id, site=task.site, group=task.group, type=task.type,
-                          priority=task.priority, first_page=task.next_page, page_limit=pages, time_limit=limit,
-                          prev_node=report.node, since=self.now, payload=task.payload)
-            task.page_limit, task.time_limit = chosen
-            writes += self._new_subtask_writes(nxt)
-        writes.append(["hset", k.tasks, task.id, task.to_json()])
+            nxt = Subtask(id=self.snap.ids.take(1)[0], task=task.id, site=task.site, group=task.group,
+                          type=task.type, priority=task.priority, first_page=task.next_page, page_limit=pages,
+                          time_limit=limit, prev_node=report.node, since=self.now, payload=task.payload)
+            writes += self._waiting_writes(nxt)
+        self.tasks[task.id] = task
+        writes.append(Write.hset(k.tasks, task.id, task.to_json()))
         return writes
 
-    # --- 3. recall ------------------------------------------------------------------------------------------------
-    def _recall_writes(self, st: Subtask, node: str | None, reason: str, decision: RecallDecision
-                       ) -> list[list[Any]]:
+    # --- 3. recall ----------------------------------------------------------------------------------------------
+    def _recall_writes(self, st: Subtask, node: str | None, reason: str, decision: RecallDecision) -> list[Write]:
         """Writes that requeue ``st`` (attempt + 1, avoiding ``node``) or dead-letter it."""
-        k = self.keys
-        writes: list[list[Any]] = []
-        who = node or "?"
+        k, who = self.k, node or "?"
         if decision is RecallDecision.DEAD:
-            writes += [self._dead_entry(st.id, kind="subtask", reason=reason, attempts=st.attempt + 1,
-                                        last_node=node, subtask=json.loads(st.to_json())),
-                       ["hdel", k.subtasks, st.id], ["hincrby", k.node_counters(who), "dead", 1],
-                       ["hincrby", k.node_counters(who), "recalled", 1]]
+            return [self._dead_write(st.id, kind="subtask", reason=reason, attempts=st.attempt + 1,
+                                     last_node=node, subtask=json.loads(st.to_json())),
+                    Write.hdel(k.subtasks, st.id), Write.hincrby(k.node_counters(who), "dead"),
+                    Write.hincrby(k.node_counters(who), "recalled")]
+        avoid = list(dict.fromkeys([*st.avoid, *([node] if node else [])]))[-3:]
+        again = replace(st, attempt=st.attempt + 1, avoid=avoid, node=None, prev_node=node or st.prev_node,
+                        since=self.now)
+        return [*self._waiting_writes(again), Write.hincrby(k.node_counters(who), "recalled")]
+
+    def _recall(self, kind: str, guards: list[Guard], st: Subtask, node: str | None, reason: str, *,
+                failed: bool, extra: Sequence[Write] = ()) -> Decision | None:
+        decision = self.strat.recall.decide(st, node, reason, failed=failed)
+        if not isinstance(decision, RecallDecision):
+            raise InvalidInput(f"recall strategy returned {decision!r}, expected a RecallDecision")
+        if decision is RecallDecision.KEEP:
+            return None
+        writes = [*extra, *self._recall_writes(st, node, reason, decision)]
+        return Decision(kind, guards, writes, subject=st.id, dead=int(decision is RecallDecision.DEAD))
+
+    def _failure(self, e: Entry) -> Decision | None:
+        raw = self._text(e, "failure report")
+        try:
+            report = Report.from_json(raw)
+        except InvalidInput as exc:  # e.g. the take script's record of an unreadable crawl-queue entry
+            try:
+                obj = loads_object(raw, "failure")
+            except InvalidInput:
+                obj = {}
+            dead_id = str(obj.get("id") or "") or "f" + self.snap.ids.take(1)[0]
+            node = obj.get("node") if isinstance(obj.get("node"), str) else None
+            writes = [self._dead_write(dead_id, kind="malformed", reason=str(obj.get("reason") or exc),
+                                       attempts=0, last_node=node, **self._raw_fields(raw)),
+                      Write.hdel(self.k.subtasks, dead_id)]
+            return Decision("dead", [e.guard], writes, subject=dead_id, dead=1, note=str(exc))
+        st = report.subtask
+        reason = f"failed on {report.node}: {report.reason}"
+        if "malformed" in st.payload:  # the node could not read it: no retry can help, a person must look
+            return Decision("recall", [e.guard], self._recall_writes(st, report.node, reason, RecallDecision.DEAD),
+                            subject=st.id, dead=1)
+        decision = self.strat.recall.decide(st, report.node, report.reason, failed=True)
+        end = st.first_page + st.page_limit
+        if decision is RecallDecision.ABANDON:
+            writes = self._advance(report, abandoned=True)
+        elif decision is RecallDecision.REQUEUE and st.first_page < report.next_page < end:
+            # The pages before the failure were crawled and stored: recall only the rest of the slice.
+            rest = replace(st, first_page=report.next_page, page_limit=end - report.next_page)
+            writes = self._recall_writes(rest, report.node, reason, decision)
+        elif isinstance(decision, RecallDecision):
+            writes = self._recall_writes(st, report.node, reason, decision)
         else:
-            avoid = list(dict.fromkeys([*st.avoid, *([node] if node else [])]))[-3:]
-            again = Subtask(**{**st.__dict__, "attempt": st.attempt + 1, "avoid": avoid, "node": None,
-                               "prev_node": node or st.prev_node, "since": self.now})
-            writes += self._new_subtask_writes(again)
-            writes.append(["hincrby", k.node_counters(who), "recalled", 1])
-        return writes
+            raise InvalidInput(f"recall strategy returned {decision!r}, expected a RecallDecision")
+        return Decision("recall", [e.guard], writes, subject=st.id, dead=int(decision is RecallDecision.DEAD))
 
-    def _failures(self, result: TickResult) -> None:
-        k = self.keys
-        for raw, guard in self._oldest(k.failed):
-            try:
-                report = Report.from_json(raw)
-            except InvalidInput as exc:
-                try:
-                    obj = loads_object(raw, "failure")
-                except InvalidInput:
-                    obj = {}
-                reason = str(obj.get("reason") or exc)
-                did = str(obj.get("id") or "") or "f" + self._ids(1)[0]
-                self._dead_letter(guard, did, {"kind": "malformed", "reason": reason, "raw": raw[:2000],
-                                               "attempts": 0, "last_node": obj.get("node")},
-                                  [["hdel", k.subtasks, did]])
-                result.dead += 1
-                continue
-            st = report.subtask
-            if "malformed" in st.payload:  # the node could not read it: no retry can help, a person must look
-                decision = RecallDecision.DEAD
-            else:
-                decision = self.recall.decide(st, report.node, report.reason, failed=True)
-            end = st.first_page + st.page_limit
-            if decision is RecallDecision.ABANDON:
-                writes = self._advance(report, abandoned=True)
-            elif decision is RecallDecision.REQUEUE and st.first_page < report.next_page < end:
-                # The pages before the failure were crawled and stored: recall only the rest of the slice.
-                rest = Subtask(**{**st.__dict__, "first_page": report.next_page, "page_limit": end - report.next_page})
-                writes = self._recall_writes(rest, report.node, f"failed on {report.node}: {report.reason}", decision)
-            else:
-                writes = self._recall_writes(st, report.node, f"failed on {report.node}: {report.reason}", decision)
-            if self.store.commit([guard], writes):
-                result.recalled += 1
-                result.dead += decision is RecallDecision.DEAD
+    def _lapsed(self, lease: LapsedLease) -> Decision | None:
+        k, sid = self.k, lease.sid
+        if lease.lease is None:  # a deadline with no lease behind it: nothing to recall
+            return Decision("drop", [Guard.zscore_le(k.leases, sid, self.now)], [Write.zrem(k.leases, sid)], sid)
+        try:
+            info = json.loads(lease.lease)
+            token, node = info["token"], info.get("node")
+            if not isinstance(token, str):
+                raise TypeError("token")
+            guards = [Guard.lease_is(k.lease_info, k.leases, sid, token)]
+            extra: list[Write] = []
+        except (ValueError, KeyError, TypeError, RecursionError):  # not a lease we wrote: recall what it holds
+            node = None
+            guards = [Guard.zscore_le(k.leases, sid, self.now)]
+            extra = [Write.zrem(k.leases, sid), Write.hdel(k.lease_info, sid)]
+        node = node if isinstance(node, str) else None
+        st = Subtask.from_json(lease.subtask or "null", "leased subtask")
+        reason = f"lease expired on {node or '?'} (no finish before its deadline)"
+        return self._recall("recall", guards, st, node, reason, failed=False, extra=extra)
 
-    def _lapsed_leases(self, result: TickResult, now: float) -> None:
-        k = self.keys
-        ids = self.store.redis.zrangebyscore(k.leases, "-inf", now, start=0, num=self.batch)
-        if not ids:
+    def _dead_lease(self, exc: BaseException, lease: LapsedLease) -> Decision:
+        k, sid = self.k, lease.sid
+        writes = [self._dead_write(sid, kind="lease", reason=f"lapsed lease: {_reason(exc)}", attempts=0,
+                                   last_node=None, lease=shown(lease.lease or ""),
+                                   **self._raw_fields(lease.subtask or "")),
+                  Write.zrem(k.leases, sid), Write.hdel(k.lease_info, sid), Write.hdel(k.subtasks, sid)]
+        return Decision("dead", [Guard.zscore_le(k.leases, sid, self.now)], writes, subject=sid, dead=1,
+                        note=_reason(exc))
+
+    def _stale(self, sid: str, raw: str | None) -> Decision | None:
+        k = self.k
+        try:
+            st = Subtask.from_json(raw or "null")
+        except InvalidInput:  # no readable record: the crawl-queue entry, if any, goes to `failed` on take
+            return Decision("drop", [Guard.zscore_le(k.queued, sid, self.now - self.strat.recall_age)],
+                            [Write.zrem(k.queued, sid)], sid)
+        if st.node is None:
+            return Decision("drop", [Guard.zscore_le(k.queued, sid, self.now - self.strat.recall_age)],
+                            [Write.zrem(k.queued, sid)], sid)
+        assert raw is not None
+        reason = f"not taken by {st.node} within {self.strat.recall_age:.0f} s"
+        return self._recall("recall", [Guard.lrem(k.crawl(st.node), raw)], st, st.node, reason, failed=False,
+                            extra=[Write.zrem(k.queued, sid)])
+
+    def _dead_stale(self, exc: BaseException, sid: str, raw: str | None) -> Decision:
+        k = self.k
+        st = Subtask.from_json(raw or "null")  # _stale only raises after the record was read
+        assert st.node is not None and raw is not None
+        writes = [self._dead_write(sid, kind="subtask", reason=f"recall failed: {_reason(exc)}",
+                                   attempts=st.attempt, last_node=st.node, subtask=json.loads(st.to_json())),
+                  Write.zrem(k.queued, sid), Write.hdel(k.subtasks, sid)]
+        return Decision("dead", [Guard.lrem(k.crawl(st.node), raw)], writes, subject=sid, dead=1)
+
+    def _silent(self, silent: SilentNode) -> None:
+        k, node = self.k, silent.node
+        for raw in silent.queue:
+            guard = Guard.lrem(k.crawl(node), raw)
+
+            def recall(raw: str = raw, guard: Guard = guard) -> Decision | None:
+                st = Subtask.from_json(raw, f"entry of {k.crawl(node)}")
+                return self._recall("recall", [guard], st, node, f"node {node} stopped heartbeating",
+                                    failed=False, extra=[Write.zrem(k.queued, st.id)])
+
+            def dead(exc: BaseException, raw: str = raw, guard: Guard = guard) -> Decision:
+                dead_id = "q" + self.snap.ids.take(1)[0]
+                return Decision("dead", [guard], [self._dead_write(dead_id, kind="malformed", reason=_reason(exc),
+                                                                   attempts=0, last_node=node,
+                                                                   **self._raw_fields(raw))],
+                                subject=dead_id, dead=1)
+
+            self._isolated(recall, dead)
+        self.decisions.append(Decision("forget", [Guard.zscore_le(k.node_seen, node, silent.cutoff)],
+                                       [Write.hdel(k.nodes, node), Write.zrem(k.node_seen, node)], subject=node,
+                                       note=f"node {node} stopped heartbeating; its queued work was recalled"))
+
+    # --- 4. allocation ------------------------------------------------------------------------------------------
+    def _allocate(self) -> None:
+        k, nodes = self.k, self.snap.nodes
+        total_free = sum(n.free for n in nodes)
+        if not total_free:
             return
-        with self.store.redis.pipeline(transaction=False) as pipe:
-            for sid in ids:
-                pipe.hget(k.lease_info, sid)
-                pipe.hget(k.subtasks, sid)
+        window: list[Subtask] = []
+        for sid, raw in self.snap.waiting:
+            try:
+                window.append(Subtask.from_json(raw or "null", f"waiting subtask {sid}"))
+            except InvalidInput as exc:
+                writes = [self._dead_write(sid, kind="waiting", reason=str(exc), attempts=0, last_node=None,
+                                           **self._raw_fields(raw or "")), Write.hdel(k.subtasks, sid)]
+                self.decisions.append(Decision("dead", [Guard.zrem(k.waiting, sid)], writes, subject=sid, dead=1,
+                                               note=str(exc)))
+        size = self.strat.window(total_free)
+        if self.fresh:  # this tick's new subtasks compete in priority order, as Redis would order them
+            window = sorted([*window, *self.fresh], key=lambda s: (s.priority, s.id))[:size]
+        window = window[:size]
+        if not window:
+            return
+        assignments = self._assignments(window, nodes)
+        free = {n.id: n.free for n in nodes}
+        done: set[str] = set()
+        by_id = {st.id: st for st in window}
+        for st, nid in assignments:
+            # A strategy's bug must not break the contract: a subtask once, a node within its free slots.
+            if by_id.get(str(getattr(st, "id", ""))) is not st or st.id in done or free.get(nid, 0) <= 0:
+                logger.error("allocation strategy returned an invalid assignment (%r -> %r); ignored",
+                             getattr(st, "id", st), nid)
+                continue
+            done.add(st.id)
+            free[nid] -= 1
+            placed = replace(st, node=nid)
+            raw = placed.to_json()
+            writes = [Write.hset(k.subtasks, st.id, raw), Write.lpush(k.crawl(nid), raw),
+                      Write.zadd(k.queued, self.now, st.id)]
+            if st.prev_node is not None and st.prev_node != nid:
+                writes += [Write.hincrby(k.node_counters(st.prev_node), "moved_out"),
+                           Write.hincrby(k.node_counters(nid), "moved_in")]
+            self.decisions.append(Decision("allocate", [Guard.zrem(k.waiting, st.id)], writes, subject=st.id))
+
+    def _assignments(self, window: list[Subtask], nodes: list[NodeView]) -> list[tuple[Subtask, str]]:
+        """The strategy's assignments; if it raises, each subtask alone, so that the one it fails on is
+        dead-lettered (it stays requeueable) and the others are allocated."""
+        allocation, estimates = self.strat.allocation, self.snap.estimates
+        try:
+            return list(allocation.allocate(window, nodes, estimates, self.now))
+        except Exception:  # noqa: BLE001 - a strategy that fails on one subtask must not stop the others
+            logger.warning("allocation strategy failed on the window; allocating subtask by subtask", exc_info=True)
+        out: list[tuple[Subtask, str]] = []
+        free = {n.id: n.free for n in nodes}
+        for st in window:
+            left = [replace(n, free=free[n.id]) for n in nodes if free[n.id] > 0]
+            if not left:
+                break
+            try:
+                got = list(allocation.allocate([st], left, estimates, self.now))
+            except Exception as exc:  # noqa: BLE001
+                writes = [self._dead_write(st.id, kind="subtask", reason=f"allocation failed: {_reason(exc)}",
+                                           attempts=st.attempt, last_node=st.prev_node,
+                                           subtask=json.loads(st.to_json())), Write.hdel(self.k.subtasks, st.id)]
+                self.decisions.append(Decision("dead", [Guard.zrem(self.k.waiting, st.id)], writes, subject=st.id,
+                                               dead=1, note=_reason(exc)))
+                continue
+            for pair in got[:1]:
+                if free.get(pair[1], 0) > 0:
+                    free[pair[1]] -= 1
+                    out.append(pair)
+        return out
+
+
+# --- the tick -----------------------------------------------------------------------------------------------------
+@dataclass
+class TickResult:
+    leader: bool
+    split: int = 0
+    reports: int = 0
+    recalled: int = 0
+    dead: int = 0
+    allocated: int = 0
+    refused: int = 0  # decisions whose guard no longer held (another control, or a node, got there first)
+    notes: list[str] = field(default_factory=list)
+
+
+_COUNTS = {"split": "split", "report": "reports", "recall": "recalled", "allocate": "allocated"}
+
+
+class Control:
+    """The control loop of one deployment. Build with :meth:`from_crawler`, call :meth:`tick` on a timer."""
+
+    def __init__(self, store: Store, *, splitter: Splitter | None, allocation: Allocation,
+                 modification: Modification, recall: Recall, control_id: str | None = None,
+                 page_limit: int = 5, time_limit: float = 30.0, batch: int = 500, leader_ttl: float = 10.0,
+                 node_timeout: float | None = None, recall_age: float | None = None,
+                 max_entry_bytes: int = 1_000_000) -> None:
+        self.store, self.keys = store, store.keys
+        self.splitter = splitter
+        self.allocation, self.modification, self.recall = allocation, modification, recall
+        self.control_id = control_id or f"{socket.gethostname()}-{os.getpid()}"
+        self.page_limit, self.time_limit = page_limit, time_limit
+        self.batch, self.leader_ttl = batch, leader_ttl
+        self.recall_age = recall.threshold if recall_age is None else recall_age
+        self.node_timeout = self.recall_age if node_timeout is None else node_timeout
+        self.max_entry_bytes = max_entry_bytes
+        self.strategies = Strategies(allocation=allocation, modification=modification, recall=recall,
+                                     splitter=splitter, page_limit=page_limit, time_limit=time_limit,
+                                     recall_age=self.recall_age, max_entry_bytes=max_entry_bytes)
+        self.estimates = EstimateCache(store)  # kept across ticks; only changed estimates are re-read
+        self.now = 0.0  # Redis time at the start of the current tick
+        self.is_leader = False
+
+    @classmethod
+    def from_config(cls, crawler: Any, config: Config) -> Control:
+        try:
+            splitter = load_object(config.splitter) if config.splitter else None
+        except (ImportError, NameError, ValueError, AttributeError) as exc:
+            raise ConfigurationError(f"SCHEDEXT_SPLITTER: cannot load {config.splitter!r}: {exc}") from exc
+        if splitter is not None and not callable(splitter):
+            raise ConfigurationError(f"SCHEDEXT_SPLITTER: {config.splitter!r} is not callable")
+        return cls(
+            Store(redis_from_settings(crawler.settings), Keys(config.prefix)), splitter=splitter,
+            allocation=load_strategy(crawler, "SCHEDEXT_ALLOCATION"),
+            modification=load_strategy(crawler, "SCHEDEXT_MODIFICATION"),
+            recall=load_strategy(crawler, "SCHEDEXT_RECALL"),
+            control_id=config.control_id, page_limit=config.page_limit, time_limit=config.time_limit,
+            batch=config.tick_batch, leader_ttl=config.leader_ttl, node_timeout=config.node_timeout,
+            recall_age=config.recall_age, max_entry_bytes=config.max_entry_bytes)
+
+    @classmethod
+    def from_crawler(cls, crawler: Any) -> Control:
+        return cls.from_config(crawler, config_for(crawler))
+
+    def tick(self) -> TickResult:
+        """Lead (or stand by), read, decide, apply. Redis errors propagate (the caller retries with backoff)."""
+        leader = self.store.lead(self.control_id, self.leader_ttl)
+        if leader != self.is_leader:
+            logger.info("control %s is now %s", self.control_id, "the leader" if leader else "on standby")
+            self.is_leader = leader
+            self.estimates.reset()  # another control led meanwhile: what we held may be old
+        if not leader:
+            return TickResult(False)
+        snapshot = self.read()
+        return self.apply(decide(snapshot, self.strategies, snapshot.now))
+
+    def forget(self) -> None:
+        """Drop what this control holds in memory (after a Redis error: the server may have restarted older)."""
+        self.is_leader = False
+        self.estimates.reset()
+
+    def resign(self) -> None:
+        """Give up the leader lease at once (on a clean stop), so a standby need not wait for it to lapse."""
+        if self.is_leader:
+            self.store.resign(self.control_id)
+            self.is_leader = False
+
+    # --- read -----------------------------------------------------------------------------------------------------
+    def read(self) -> Snapshot:
+        """Everything one tick needs, read before any decision (a Redis error here means no decision at all)."""
+        k, r, store, batch = self.keys, self.store.redis, self.store, self.batch
+        now = self.now = store.now()  # one Redis time per tick: the time stamps of its decisions
+        self.estimates.refresh()
+        snap = Snapshot(keys=k, now=now, estimates=self.estimates, ids=StoreIds(store))
+        for name in ("virtual", "reports", "failures"):
+            key = {"virtual": k.virtual, "reports": k.sleeping, "failures": k.failed}[name]
+            entries = [Entry(key, raw, size, sha1) for raw, size, sha1 in
+                       store.peek(key, batch, self.max_entry_bytes)]
+            setattr(snap, name, entries)
+        task_ids = {tid for e in (*snap.reports, *snap.failures) if (tid := _task_id(e))}
+        lapsed = r.zrangebyscore(k.leases, "-inf", now, start=0, num=batch)
+        stale = r.zrangebyscore(k.queued, "-inf", now - self.recall_age, start=0, num=batch)
+        silent = r.zrangebyscore(k.node_seen, "-inf", now - self.node_timeout, start=0, num=batch)
+        live = r.zrangebyscore(k.node_seen, now - self.node_timeout, "+inf")
+        tids = sorted(task_ids)
+        with r.pipeline(transaction=False) as pipe:
+            for key, fields in ((k.tasks, tids), (k.lease_info, lapsed), (k.subtasks, lapsed),
+                                (k.subtasks, stale), (k.nodes, live)):
+                pipe.hmget(key, fields or ["-"])  # HMGET needs a field; "-" is never an id
+            for node in silent:
+                pipe.lrange(k.crawl(node), -batch, -1)
+            for node in live:
+                pipe.llen(k.crawl(node))
             rows = pipe.execute()
-        for i, sid in enumerate(ids):
-            lease_raw, st_raw = rows[2 * i], rows[2 * i + 1]
-            if lease_raw is None:
-                self.store.redis.zrem(k.leases, sid)  # orphan deadline entry: nothing to recall
-                continue
-            try:
-                lease = json.loads(lease_raw)
-                guard = ["lease_is", k.lease_info, k.leases, sid, lease["token"]]
-            except (ValueError, KeyError, TypeError):  # not a lease we wrote: drop the deadline, keep the info
-                logger.error("lease of %s is unreadable: %r", sid, lease_raw[:200])
-                self.store.redis.zrem(k.leases, sid)
-                continue
-            try:
-                st = Subtask.from_json(st_raw or "null")
-            except InvalidInput as exc:
-                self._dead_letter(guard, sid, {"kind": "lease", "reason": f"leased subtask unreadable: {exc}",
-                                               "attempts": 0, "last_node": lease.get("node")})
-                continue
-            reason = f"lease expired on {lease['node']} (no finish before its deadline)"
-            decision = self.recall.decide(st, lease["node"], reason, failed=False)
-            if decision is RecallDecision.KEEP:
-                continue
-            if self.store.commit([guard], self._recall_writes(st, lease["node"], reason, decision)):
-                result.recalled += 1
-                result.dead += decision is RecallDecision.DEAD
+        tasks, leases, leased, stale_raw, node_rows = rows[:5]
+        silent_queues, lengths = rows[5:5 + len(silent)], rows[5 + len(silent):]
+        snap.tasks = dict(zip(tids, tasks, strict=False))
+        snap.lapsed = [LapsedLease(sid, lease, st) for sid, lease, st in zip(lapsed, leases, leased, strict=False)]
+        snap.stale = list(zip(stale, stale_raw, strict=False))
+        snap.silent = [SilentNode(node, now - self.node_timeout, list(reversed(queue)))
+                       for node, queue in zip(silent, silent_queues, strict=True)]
+        snap.nodes = [view for nid, raw, queued in zip(live, node_rows, lengths, strict=False)
+                      if (view := node_view(nid, raw, int(queued))) is not None]
+        total_free = sum(n.free for n in snap.nodes)
+        if total_free:
+            ids = r.zrange(k.waiting, 0, self.strategies.window(total_free) - 1)
+            snap.waiting = list(zip(ids, r.hmget(k.subtasks, ids) if ids else [], strict=True))
+            self._prefetch(snap)
+        return snap
 
-    def _stale_queued(self, result: TickResult, now: float) -> None:
-        k = self.keys
-        ids = self.store.redis.zrangebyscore(k.queued, "-inf", now - self.recall.threshold, start=0,
-                                             num=self.batch)
-        for sid in ids:
-            raw = self.store.redis.hget(k.subtasks, sid)
-            try:
-                st = Subtask.from_json(raw or "null")
-            except InvalidInput:  # no readable record: the crawl queue entry, if any, goes to `failed` on take
-                self.store.redis.zrem(k.queued, sid)
-                continue
-            self._recall_queued(result, st, raw, f"not taken by {st.node} within {self.recall.threshold:.0f} s")
+    def _prefetch(self, snap: Snapshot) -> None:
+        """Load the estimates this tick's allocation and modification will ask for, in one round trip."""
+        pairs: set[tuple[str, str]] = set()
+        for _, raw in snap.waiting:
+            obj = _peek_object(raw)
+            if obj is not None and isinstance(obj.get("site"), str):
+                pairs.add((str(obj.get("group") or ""), obj["site"]))
+        self.estimates.prefetch({site for _, site in pairs}, pairs)
 
-    def _recall_queued(self, result: TickResult, st: Subtask, raw: str, reason: str) -> None:
-        k = self.keys
-        decision = self.recall.decide(st, st.node, reason, failed=False)
-        if decision is RecallDecision.KEEP or st.node is None:
-            return
-        writes = [["zrem", k.queued, st.id], *self._recall_writes(st, st.node, reason, decision)]
-        if self.store.commit([["lrem", k.crawl(st.node), raw]], writes):
-            result.recalled += 1
-            result.dead += decision is RecallDecision.DEAD
-
-    def _dead_nodes(self, result: TickResult, now: float) -> None:
-        k = self.keys
-        cutoff = now - self.node_timeout
-        for node in self.store.redis.zrangebyscore(k.node_seen, "-inf", cutoff, start=0, num=self.batch):
-            for raw in self.store.redis.lrange(k.crawl(node), 0, -1):
-                try:
-                    st = Subtask.from_json(raw)
-                except InvalidInput:
-                    continue  # a malformed entry: left for the node or a later tick to move to `failed`
-                self._recall_queued(result, st, raw, f"node {node} stopped heartbeating")
-            self.store.commit([["zscore_le", k.node_seen, node, cutoff]],
-                              [["hdel", k.nodes, node], ["zrem", k.node_seen, node]])
-            result.notes.append(f"node {node} lapsed")
-            logger.warning("node %s stopped heartbeating; its queued work was recalled", node)
-
-    # --- 4. allocation --------------------------------------------------------------------------------------
     def live_nodes(self, now: float) -> list[NodeView]:
-        k = self.keys
-        ids = self.store.redis.zrangebyscore(k.node_seen, now - self.node_timeout, "+inf")
+        """The nodes that heartbeat within the node timeout, with their free crawl-queue slots."""
+        k, r = self.keys, self.store.redis
+        ids = r.zrangebyscore(k.node_seen, now - self.node_timeout, "+inf")
         if not ids:
             return []
-        with self.store.redis.pipeline(transaction=False) as pipe:
+        with r.pipeline(transaction=False) as pipe:
             pipe.hmget(k.nodes, ids)
             for nid in ids:
                 pipe.llen(k.crawl(nid))
             rows = pipe.execute()
-        nodes = []
-        for nid, raw, queued in zip(ids, rows[0], rows[1:], strict=True):
-            if raw is None:
-                continue
-            info = json.loads(raw)
-            free = max(0, int(info.get("prefetch", 1)) - int(queued))
-            nodes.append(NodeView(id=nid, types=[int(t) for t in info.get("type", [0])],
-                                  address=info.get("address"), free=free, info=info))
-        return nodes
+        return [view for nid, raw, queued in zip(ids, rows[0], rows[1:], strict=True)
+                if (view := node_view(nid, raw, int(queued))) is not None]
 
-    def _allocate(self, result: TickResult, now: float) -> None:
-        k = self.keys
-        nodes = self.live_nodes(now)
-        total_free = sum(n.free for n in nodes)
-        if not total_free:
-            return
-        window = min(self.batch, max(32, 4 * total_free))
-        ids = self.store.redis.zrange(k.waiting, 0, window - 1)
-        if not ids:
-            return
-        raws = self.store.redis.hmget(k.subtasks, ids)
-        subtasks: list[Subtask] = []
-        for sid, raw in zip(ids, raws, strict=True):
-            try:
-                subtasks.append(Subtask.from_json(raw or "null"))
-            except InvalidInput as exc:
-                self._dead_letter(["zrem", k.waiting, sid], sid, {"kind": "waiting", "reason": str(exc),
-                                                                  "attempts": 0, "last_node": None})
-                result.dead += 1
-        self.estimates.prefetch({st.site for st in subtasks}, {(st.group, st.site) for st in subtasks})
-        assignments = self.allocation.allocate(subtasks, nodes, self.estimates, now)
-        if not assignments:
-            return
-        with self.store.redis.pipeline(transaction=False) as pipe:
-            for st, nid in assignments:
-                moved = st.prev_node is not None and st.prev_node != nid
-                placed = Subtask(**{**st.__dict__, "node": nid})
-                raw = placed.to_json()
-                writes: list[list[Any]] = [["hset", k.subtasks, st.id, raw], ["lpush", k.crawl(nid), raw],
-                                           ["zadd", k.queued, now, st.id]]
-                if moved:
-                    writes += [["hincrby", k.node_counters(str(st.prev_node)), "moved_out", 1],
-                               ["hincrby", k.node_counters(nid), "moved_in", 1]]
-                self.store.commit([["zrem", k.waiting, st.id]], writes, pipe=pipe)
-            result.allocated += sum(1 for ok in pipe.execute() if ok)
+    # --- apply ----------------------------------------------------------------------------------------------------
+    def apply(self, decisions: Sequence[Decision]) -> TickResult:
+        """Commit every decision in order, in one round trip per chunk; count what was applied."""
+        result = TickResult(True)
+        for start in range(0, len(decisions), 1000):
+            chunk = decisions[start:start + 1000]
+            outcomes = self.store.commit_many([(d.guards, d.writes) for d in chunk])
+            for d, ok in zip(chunk, outcomes, strict=True):
+                if isinstance(ok, Exception):  # the script refused it (a bug in a decision): log, go on
+                    logger.error("decision %s on %s refused by Redis: %s", d.kind, d.subject, ok)
+                    result.refused += 1
+                    continue
+                if not ok:
+                    result.refused += 1
+                    continue
+                if d.kind in _COUNTS:
+                    setattr(result, _COUNTS[d.kind], getattr(result, _COUNTS[d.kind]) + 1)
+                result.dead += d.dead
+                if d.kind == "forget":
+                    result.notes.append(d.note)
+                    logger.warning("%s", d.note)
+        return result
+
+
+def node_view(nid: str, raw: str | None, queued: int) -> NodeView | None:
+    """A live node as allocation sees it, read defensively from its registry entry; None if unusable.
+
+    Reads ``type`` (list of ints), ``prefetch`` (crawl-queue slots) and ``address``; anything missing or of the
+    wrong type gives the defaults (types [0], prefetch 1), so a node of another version still gets work.
+    """
+    obj = _peek_object(raw)
+    if obj is None:
+        return None
+    types_raw = obj.get("type", [0])
+    types = [t for t in types_raw if isinstance(t, int) and not isinstance(t, bool)] \
+        if isinstance(types_raw, list) else []
+    prefetch = obj.get("prefetch", 1)
+    if not isinstance(prefetch, int) or isinstance(prefetch, bool):
+        prefetch = 1
+    address = obj.get("address") if isinstance(obj.get("address"), str) else None
+    return NodeView(id=nid, types=types or [0], address=address, free=max(0, min(prefetch, 10_000) - queued),
+                    info=obj)
+
+
+def _peek_object(raw: str | None) -> dict[str, Any] | None:
+    if raw is None:
+        return None
+    try:
+        obj = json.loads(raw)
+    except (ValueError, RecursionError):
+        return None
+    return obj if isinstance(obj, dict) else None
+
+
+def _task_id(e: Entry) -> str | None:
+    """The task id a report names, if it can be read at all (the decoders judge the rest)."""
+    obj = _peek_object(e.raw) if e.whole else None
+    sub = obj.get("subtask") if obj else None
+    tid = sub.get("task") if isinstance(sub, dict) else None
+    return str(tid) if isinstance(tid, (str, int)) and not isinstance(tid, bool) else None
 
 
 class ControlExtension:
     """Runs :class:`Control` on a timer inside a Scrapy process and keeps it open (the control spider).
 
     Enabled by ``SCHEDEXT_CONTROL_ENABLED`` (the control spider turns it on); ``SCHEDEXT_TICK_INTERVAL`` seconds
-    between ticks. Stats: ``schedext/control/ticks``, ``.../split``, ``.../reports``, ``.../recalled``,
-    ``.../dead``, ``.../allocated``, ``schedext/control/errors``.
+    between ticks. Nothing but the process ending stops the loop: a failed tick (Redis away, or an error no entry
+    explains) is retried with a backoff that doubles up to ``SCHEDEXT_BACKOFF_MAX``; after ``SCHEDEXT_TICK_ALARM``
+    failures in a row the control logs an error every tick and ``scrapy status`` shows it stuck (``controls``).
+
+    Stats: ``schedext/control/ticks``, ``.../split``, ``.../reports``, ``.../recalled``, ``.../dead``,
+    ``.../allocated``, ``schedext/control/errors``, ``schedext/control/failed_in_row`` (a gauge).
     """
 
-    def __init__(self, crawler: Any, control: Control, interval: float) -> None:
+    def __init__(self, crawler: Any, control: Control, interval: float, *, alarm: int = 5,
+                 backoff_max: float = 30.0) -> None:
         self.crawler, self.control, self.interval = crawler, control, interval
+        self.alarm, self.backoff_max = alarm, backoff_max
         self.stats = crawler.stats
+        self.failed_in_row = 0
+        self.last_error = ""
+        self.last_ok = 0.0
+        self._next_at = 0.0  # monotonic time before which a tick is skipped (backoff)
         self._loop: Any = None
         self._ticking = False
         crawler.signals.connect(self.opened, signal=signals.spider_opened)
@@ -523,7 +984,8 @@ class ControlExtension:
         config = config_for(crawler)
         if not config.control_enabled:
             raise NotConfigured("SCHEDEXT_CONTROL_ENABLED is off")
-        return cls(crawler, Control.from_crawler(crawler), config.tick_interval)
+        return cls(crawler, Control.from_config(crawler, config), config.tick_interval, alarm=config.tick_alarm,
+                   backoff_max=config.backoff_max)
 
     def opened(self) -> None:
         self._loop = create_looping_call(self.tick)
@@ -532,26 +994,58 @@ class ControlExtension:
                     self.control.keys.prefix)
 
     def tick(self) -> None:
-        """Run one tick in a worker thread (its Redis calls never block the reactor); skip if one is running."""
-        if self._ticking:
+        """Run one tick in a worker thread (its Redis calls never block the reactor); skip if one is running
+        or while backing off."""
+        if self._ticking or time.monotonic() < self._next_at:
             return
         self._ticking = True
-        d = threads.deferToThread(self._tick)
+        d = threads.deferToThread(self.run_once)
         d.addBoth(self._ticked)
 
-    def _tick(self) -> TickResult | None:
+    def run_once(self) -> TickResult | None:
+        """One tick that never raises: its result, or None after recording the failure."""
         try:
-            return self.control.tick()
-        except redis.RedisError as exc:  # Redis away for a moment: try again next tick, lose nothing
-            logger.error("control tick failed: %s", exc)
-        except Exception:
-            # A bug or an unforeseen record must not stop the loop for good (the spider would stay open and
-            # schedule nothing). Every decision is a guarded commit, so a half-done tick left nothing torn.
-            logger.exception("control tick failed; trying again next tick")
-        return None
+            result = self.control.tick()
+        except redis.RedisError as exc:  # Redis away: nothing was decided on a half-read state; retry later
+            self.control.forget()
+            self._failed(f"Redis: {exc}")
+            return None
+        except Exception as exc:  # noqa: BLE001 - a bug must not stop the loop; every decision is guarded
+            logger.exception("control tick failed")
+            self._failed(f"{type(exc).__name__}: {exc}")
+            return None
+        if self.failed_in_row:
+            logger.warning("control %s ticks again after %d failed tick(s)", self.control.control_id,
+                           self.failed_in_row)
+        self.failed_in_row, self.last_error, self.last_ok = 0, "", time.time()
+        self._next_at = 0.0
+        self._report(result.leader)
+        return result
+
+    def _failed(self, error: str) -> None:
+        self.failed_in_row += 1
+        self.last_error = error
+        wait = backoff(self.failed_in_row, self.interval, self.backoff_max)
+        self._next_at = time.monotonic() + wait
+        if self.failed_in_row >= self.alarm:
+            logger.error("control %s is STUCK: %d ticks in a row failed (last: %s); retrying in %.1f s",
+                         self.control.control_id, self.failed_in_row, error, wait)
+        else:
+            logger.error("control tick failed (%s); retrying in %.1f s", error, wait)
+        self._report(self.control.is_leader)
+
+    def _report(self, leader: bool) -> None:
+        """Tell ``scrapy status`` how this control is doing (best effort: Redis may be the thing that is down)."""
+        info = {"leader": leader, "at": time.time(), "ok_at": self.last_ok or None,
+                "failed_in_row": self.failed_in_row, "last_error": self.last_error[:500], "alarm": self.alarm}
+        try:
+            self.control.store.report_control(self.control.control_id, info)
+        except redis.RedisError:  # Redis is down: the log says it; status cannot be read either
+            pass
 
     def _ticked(self, r: TickResult | None) -> None:
         self._ticking = False
+        self.stats.set_value("schedext/control/failed_in_row", self.failed_in_row)
         if r is None:
             self.stats.inc_value("schedext/control/errors")
             return

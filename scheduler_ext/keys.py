@@ -89,6 +89,11 @@ class Keys:
         return self._k("node_seen")
 
     @property
+    def controls(self) -> str:
+        """Hash control id -> JSON {leader, at, ok_at, failed_in_row, last_error, alarm}: each control's last tick."""
+        return self._k("controls")
+
+    @property
     def leader(self) -> str:
         """String holding the active control's id, with a TTL (the leader lease)."""
         return self._k("leader")
@@ -114,6 +119,12 @@ class Keys:
     def est_group_site(self, group: str, site: str) -> str:
         """Hash node -> JSON {spp, runs, last}: seconds per page of every node for one (product, site)."""
         return self._k(f"est:gs:{group}|{site}")
+
+    @property
+    def est_dirty(self) -> str:
+        """Set of the estimates changed since the control last read them: "s|<node>|<site>" and
+        "g|<node>|<site>|<product>" (added by the finish script, taken by the leading control)."""
+        return self._k("est:dirty")
 
     @property
     def agg_index(self) -> str:

@@ -19,15 +19,17 @@ def _dumps(obj: Any) -> str:
 
 def loads_object(raw: str | bytes, what: str) -> dict[str, Any]:
     """Decode ``raw`` as a JSON object of our schema version, or raise InvalidInput saying why."""
-    if isinstance(raw, bytes):
-        try:
-            raw = raw.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            raise InvalidInput(f"{what}: not UTF-8 JSON (a pickle or other binary payload?)") from exc
+    try:
+        # bytes must decode; a str read with surrogateescape (scheduler_ext.store) must encode back to UTF-8.
+        raw = raw.decode("utf-8") if isinstance(raw, bytes) else raw.encode("utf-8").decode("utf-8")
+    except UnicodeError as exc:
+        raise InvalidInput(f"{what}: not UTF-8 JSON (a pickle or other binary payload?)") from exc
     try:
         obj = json.loads(raw)
     except json.JSONDecodeError as exc:
         raise InvalidInput(f"{what}: not JSON ({exc.msg} at character {exc.pos})") from exc
+    except RecursionError as exc:
+        raise InvalidInput(f"{what}: JSON nested too deeply") from exc
     if not isinstance(obj, dict):
         raise InvalidInput(f"{what}: expected a JSON object, got {type(obj).__name__}")
     if obj.get("v", SCHEMA_VERSION) != SCHEMA_VERSION:

@@ -21,7 +21,7 @@ import redis
 
 from .keys import Keys
 
-SCRIPTS = ("take", "heartbeat", "finish", "release", "commit", "lead", "resign")
+SCRIPTS = ("take", "heartbeat", "finish", "release", "commit", "lead", "resign", "peek")
 _INCLUDE = re.compile(r"^--@include (\w+)$", re.MULTILINE)
 
 
@@ -36,6 +36,89 @@ def load_script(name: str) -> str:
     return _INCLUDE.sub(lambda m: base.joinpath(f"{m.group(1)}.lua").read_text(encoding="utf-8"), source)
 
 
+class Guard(tuple):  # type: ignore[type-arg]
+    """A condition of :meth:`Store.commit` (commit.lua), built by name: ``Guard.tail_is(key, raw)``.
+
+    A guard is checked before anything is written and consumes what it matched (the tail entry, the lease, the
+    member), so a decision guarded by the state it was made from is applied once.
+    """
+
+    __slots__ = ()
+
+    @classmethod
+    def tail_is(cls, key: str, raw: str) -> Guard:
+        """The list's oldest entry is ``raw``; it is popped."""
+        return cls(("tail_is", key, raw))
+
+    @classmethod
+    def tail_sha1_is(cls, key: str, sha1: str) -> Guard:
+        """The list's oldest entry has this SHA-1 (an entry too long to send back); it is popped."""
+        return cls(("tail_sha1_is", key, sha1))
+
+    @classmethod
+    def lease_is(cls, lease_info: str, leases: str, sid: str, token: str) -> Guard:
+        """The lease of ``sid`` holds ``token``; the lease and its deadline are removed."""
+        return cls(("lease_is", lease_info, leases, sid, token))
+
+    @classmethod
+    def zrem(cls, key: str, member: str) -> Guard:
+        """``member`` is in the sorted set; it is removed."""
+        return cls(("zrem", key, member))
+
+    @classmethod
+    def lrem(cls, key: str, raw: str) -> Guard:
+        """``raw`` is in the list; one occurrence is removed."""
+        return cls(("lrem", key, raw))
+
+    @classmethod
+    def zscore_le(cls, key: str, member: str, score: float) -> Guard:
+        """``member``'s score is at most ``score`` (nothing removed)."""
+        return cls(("zscore_le", key, member, score))
+
+    @classmethod
+    def hdel(cls, key: str, field: str) -> Guard:
+        """The field exists; it is removed."""
+        return cls(("hdel", key, field))
+
+
+class Write(tuple):  # type: ignore[type-arg]
+    """A write of :meth:`Store.commit` (commit.lua), built by name: ``Write.hset(key, field, value)``."""
+
+    __slots__ = ()
+
+    @classmethod
+    def hset(cls, key: str, field: str, value: str) -> Write:
+        return cls(("hset", key, field, value))
+
+    @classmethod
+    def hdel(cls, key: str, field: str) -> Write:
+        return cls(("hdel", key, field))
+
+    @classmethod
+    def zadd(cls, key: str, score: float, member: str) -> Write:
+        return cls(("zadd", key, score, member))
+
+    @classmethod
+    def zrem(cls, key: str, member: str) -> Write:
+        return cls(("zrem", key, member))
+
+    @classmethod
+    def lpush(cls, key: str, value: str) -> Write:
+        return cls(("lpush", key, value))
+
+    @classmethod
+    def hincrby(cls, key: str, field: str, amount: int = 1) -> Write:
+        return cls(("hincrby", key, field, amount))
+
+    @classmethod
+    def delete(cls, key: str) -> Write:
+        return cls(("del", key))
+
+    @classmethod
+    def sadd(cls, key: str, member: str) -> Write:
+        return cls(("sadd", key, member))
+
+
 def _keys_of(guards: Sequence[Sequence[Any]], writes: Sequence[Sequence[Any]]) -> list[str]:
     keys: dict[str, None] = {}
     for g in guards:
@@ -47,17 +130,34 @@ def _keys_of(guards: Sequence[Sequence[Any]], writes: Sequence[Sequence[Any]]) -
     return list(keys)
 
 
+def _tolerant(client: redis.Redis) -> redis.Redis:
+    """``client``, or a sibling on the same server that decodes with ``surrogateescape``.
+
+    Lists and hashes in Redis can hold any bytes (a pickle pushed by hand). A strict client raises
+    UnicodeDecodeError on reading such an entry, so no loop could even look at it to set it aside. Decoded with
+    ``surrogateescape`` the bytes arrive as a ``str`` that the decoders refuse (:func:`models.loads_object`) and
+    that encodes back to the very same bytes, so a guard can still name the entry exactly.
+    """
+    pool = client.connection_pool
+    kwargs = pool.connection_kwargs
+    if not kwargs.get("decode_responses") or kwargs.get("encoding_errors") == "surrogateescape":
+        return client
+    sibling = pool.__class__(connection_class=pool.connection_class,
+                             **{**kwargs, "encoding_errors": "surrogateescape"})
+    return redis.Redis(connection_pool=sibling)
+
+
 class Store:
     """The atomic operations on one deployment's scheduling state (one key prefix)."""
 
     def __init__(self, client: redis.Redis, keys: Keys) -> None:
         # Typed Any on purpose: redis-py's annotations cannot express that a decode_responses client returns str.
-        self.redis: Any = client
+        self.redis: Any = _tolerant(client)
         self.keys = keys
-        scripts = {name: client.register_script(load_script(name)) for name in SCRIPTS}
+        scripts = {name: self.redis.register_script(load_script(name)) for name in SCRIPTS}
         self._take, self._heartbeat, self._finish = scripts["take"], scripts["heartbeat"], scripts["finish"]
         self._release, self._commit = scripts["release"], scripts["commit"]
-        self._lead, self._resign = scripts["lead"], scripts["resign"]
+        self._lead, self._resign, self._peek = scripts["lead"], scripts["resign"], scripts["peek"]
 
     def now(self) -> float:
         """Redis server time, seconds."""
@@ -91,7 +191,7 @@ class Store:
         out = k.sleeping if ok else k.failed
         keys = [k.leases, k.lease_info, k.subtasks, out, k.runs, k.agg_site_node(site, node),
                 k.agg_group_site_node(group, site, node), k.agg_index, k.node_counters(node), k.progress,
-                k.agg_triples, k.est_site(site), k.est_group_site(group, site)]
+                k.agg_triples, k.est_site(site), k.est_group_site(group, site), k.est_dirty]
         args: list[Any] = [sid, token, report_json, runs_maxlen, alpha, f"{site}|{node}", offered, collected, pages,
                 f"{seconds:.6f}", 1 if ok else 0, group, node]
         return bool(self._finish(keys=keys, args=args))
@@ -120,15 +220,63 @@ class Store:
             pipe.execute()
 
     # --- control side -----------------------------------------------------------------------------------------
+    def peek(self, key: str, count: int, max_bytes: int, show_bytes: int = 2000,
+             budget: int = 8_000_000) -> list[tuple[str, int, str]]:
+        """The oldest ``count`` entries of input list ``key`` as (raw, size, sha1), oldest first, not removed.
+
+        An entry longer than ``max_bytes`` comes back cut to ``show_bytes`` with its SHA-1 (else sha1 is ``''``);
+        reading stops after ``budget`` bytes (at least one entry).
+        """
+        flat = self._peek(keys=[key], args=[count, max_bytes, show_bytes, budget])
+        return [(flat[i], int(flat[i + 1]), flat[i + 2]) for i in range(0, len(flat), 3)]
+
+    def reserve_ids(self, n: int) -> list[str]:
+        """``n`` fresh ids (task, subtask and dead-letter ids) from the ``seq`` counter."""
+        last = int(self.redis.incrby(self.keys.seq, n))
+        return [str(i) for i in range(last - n + 1, last + 1)]
+
+    def take_dirty_estimates(self, limit: int = 100_000) -> list[str]:
+        """Take (remove and return) up to ``limit`` members of ``est:dirty``: the estimates changed meanwhile."""
+        return list(self.redis.spop(self.keys.est_dirty, limit) or [])
+
+    def report_control(self, control_id: str, info: dict[str, Any]) -> None:
+        """Record a control's last tick in ``controls`` (what ``scrapy status`` shows of the controls)."""
+        self.redis.hset(self.keys.controls, control_id, json.dumps(info, ensure_ascii=False))
+
+    def drop_orphans(self, zset: str, members: Sequence[str]) -> None:
+        """Remove members of a sorted set whose record is gone (a deadline or queue time with nothing behind it)."""
+        if members:
+            self.redis.zrem(zset, *members)
+
     def commit(self, guards: Sequence[Sequence[Any]], writes: Sequence[Sequence[Any]],
                pipe: Any = None) -> bool | None:
-        """Apply ``writes`` if every guard holds, atomically. With ``pipe``, queue it there (result in execute)."""
+        """Apply ``writes`` if every guard holds, atomically. With ``pipe``, queue it there (result in execute).
+
+        Guards and writes are built with :class:`Guard` and :class:`Write` (plain lists of the same shape are
+        accepted too).
+        """
         keys = _keys_of(guards, writes)
         args = [json.dumps(list(guards), ensure_ascii=False), json.dumps(list(writes), ensure_ascii=False)]
         if pipe is not None:
             self._commit(keys=keys, args=args, client=pipe)
             return None
         return bool(self._commit(keys=keys, args=args))
+
+    def commit_many(self, decisions: Sequence[tuple[Sequence[Sequence[Any]], Sequence[Sequence[Any]]]]
+                    ) -> list[bool | Exception]:
+        """Commit each (guards, writes) in order, in one round trip; each is atomic on its own.
+
+        Returns, per decision, whether it was applied, or the error Redis replied for it (a decision the script
+        refused) without stopping the others. A connection error raises: what was sent may or may not have run,
+        and every guard makes the retry safe.
+        """
+        if not decisions:
+            return []
+        with self.redis.pipeline(transaction=False) as pipe:
+            for guards, writes in decisions:
+                self.commit(guards, writes, pipe=pipe)
+            results = pipe.execute(raise_on_error=False)
+        return [r if isinstance(r, Exception) else bool(r) for r in results]
 
     def lead(self, control_id: str, ttl: float) -> bool:
         """Take or keep the control leader lease."""

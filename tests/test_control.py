@@ -15,7 +15,7 @@ from product_crawl.tasks import splitter
 from scheduler_ext.control import Control
 from scheduler_ext.keys import Keys
 from scheduler_ext.models import Report, Subtask
-from scheduler_ext.store import Store
+from scheduler_ext.store import Guard, Store
 from scheduler_ext.strategies.allocation import DynamicAllocation, SharedAllocation
 from scheduler_ext.strategies.modification import DynamicModification, FixedModification
 from scheduler_ext.strategies.recall import DynamicRecall, NoRecall
@@ -280,3 +280,32 @@ def test_a_failed_subtask_is_recalled_from_the_first_page_it_did_not_crawl(store
     nxt = Subtask.from_json(store.redis.lindex(store.keys.crawl("n1"), 0))
     assert (nxt.first_page, nxt.page_limit) == (3, 3)
     assert store.redis.hget(store.keys.node_counters("n1"), "modified") is None
+
+
+# --- decide, without Redis -----------------------------------------------------------------------------------------
+
+
+class NoEstimates:
+    def completion(self, site: str, node: str) -> None:
+        return None
+
+    def seconds_per_page(self, group: str, site: str, node: str) -> None:
+        return None
+
+
+def test_decide_is_a_function_of_the_snapshot_and_splits_then_allocates_in_one_tick() -> None:
+    from scheduler_ext.control import CountingIds, Entry, Snapshot, Strategies, decide
+    from scheduler_ext.strategies import NodeView
+
+    keys = Keys("{sim}")
+    raw = json.dumps({"name": "p", "sites": ["a.com", "b.com"]})
+    snap = Snapshot(keys=keys, now=100.0, estimates=NoEstimates(), ids=CountingIds(),
+                    virtual=[Entry(keys.virtual, raw, len(raw))],
+                    nodes=[NodeView(id="n1", types=[0, 1], free=1)])
+    strategies = Strategies(allocation=SharedAllocation(), modification=FixedModification(3, 20.0),
+                            recall=DynamicRecall(), splitter=splitter)
+    decisions = decide(snap, strategies, 100.0)
+    assert [d.kind for d in decisions] == ["split", "allocate"]
+    assert decisions[0].guards == [Guard.tail_is(keys.virtual, raw)]
+    placed = [w for w in decisions[1].writes if w[0] == "lpush"]
+    assert placed and placed[0][1] == keys.crawl("n1") and Subtask.from_json(placed[0][2]).site == "a.com"

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 from conftest import run_scrapy
 
+from scheduler_ext.control import EstimateCache
 from scheduler_ext.keys import Keys
 from scheduler_ext.models import Report, Subtask
 from scheduler_ext.sim import Simulation, TaskSpec
@@ -63,6 +64,13 @@ def test_memory_estimates_match_the_finish_script(store: Store) -> None:
         assert group["pg"] == pytest.approx(mem.groups[("milk", "a.com")]["n1"].sums.pages)  # type: ignore[union-attr]
     # The run that collected 10 of 80 after runs that collected ~90 % was a change point: the sums restarted.
     assert mem.sites["a.com"]["n1"].sums.n < 2.5  # type: ignore[union-attr]
+    # The control reads the same sums (EstimateCache, the bandit's EstimateSums protocol), and follows new runs.
+    cache = EstimateCache(store)
+    got = cache.site_sums("a.com")["n1"]
+    assert (got.n, got.pages, got.got, got.sec) == pytest.approx(
+        (mem.site_sums("a.com")["n1"].n, mem.site_sums("a.com")["n1"].pages, mem.site_sums("a.com")["n1"].got,
+         mem.site_sums("a.com")["n1"].sec))
+    assert cache.group_sums("milk", "a.com")["n1"].pages == pytest.approx(mem.group_sums("milk", "a.com")["n1"].pages)
 
 
 # --- the bound ------------------------------------------------------------------------------------------------------

@@ -6,6 +6,8 @@ consumptions and then the writes applied, all in this one script: a decision is 
 
   ARGV[1] guardsJson  JSON list of guards (built by scheduler_ext.store.Guard):
             ["tail_is", list, value]                      the list's last element is value; it is popped
+            ["tail_sha1_is", list, sha1]                  the last element's SHA-1 is sha1 (an entry too big to
+                                                          send back); it is popped
             ["lease_is", lease_info, leases, id, token]   the lease of id has this token; lease and deadline go
             ["zrem", zset, member]                        member is in the sorted set; it is removed
             ["lrem", list, value]                         value is in the list; one occurrence is removed
@@ -31,6 +33,9 @@ for _, g in ipairs(guards) do
   local op = g[1]
   if op == 'tail_is' then
     if redis.call('LINDEX', g[2], -1) ~= g[3] then return 0 end
+  elseif op == 'tail_sha1_is' then
+    local tail = redis.call('LINDEX', g[2], -1)
+    if not tail or redis.sha1hex(tail) ~= g[3] then return 0 end
   elseif op == 'lease_is' then
     local raw = redis.call('HGET', g[2], g[4])
     local ok, lease = pcall(cjson.decode, raw or '')
@@ -52,7 +57,7 @@ end
 -- 2. Consume what the guards matched.
 for _, g in ipairs(guards) do
   local op = g[1]
-  if op == 'tail_is' then redis.call('RPOP', g[2])
+  if op == 'tail_is' or op == 'tail_sha1_is' then redis.call('RPOP', g[2])
   elseif op == 'lease_is' then redis.call('HDEL', g[2], g[4]); redis.call('ZREM', g[3], g[4])
   elseif op == 'zrem' then redis.call('ZREM', g[2], g[3])
   elseif op == 'lrem' then redis.call('LREM', g[2], 1, g[3])

@@ -14,6 +14,7 @@ finish: end a leased subtask: run record, aggregates, moving estimates, report. 
   KEYS[11] aggTriplesKey  agg:triples set
   KEYS[12] estSiteKey     est:site:<site>, a field per node {c, spp, runs, last, n, pg, got, sec}
   KEYS[13] estGroupKey    est:gs:<product>|<site>, a field per node {spp, runs, last, n, pg, got, sec}
+  KEYS[14] estDirtyKey    est:dirty: set of the estimates changed since the control last read them
 
   ARGV[1]  id          subtask id
   ARGV[2]  token       lease token
@@ -36,6 +37,7 @@ Returns 1 if finished, 0 if the lease is gone or holds another token (counted as
 local leasesKey, leaseInfoKey, subtasksKey, reportsKey, runsKey = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local aggSiteNodeKey, aggTripleKey, aggIndexKey, nodeCountKey = KEYS[6], KEYS[7], KEYS[8], KEYS[9]
 local progressKey, aggTriplesKey, estSiteKey, estGroupKey = KEYS[10], KEYS[11], KEYS[12], KEYS[13]
+local estDirtyKey = KEYS[14]
 local id, token, report, runsMaxlen, alpha = ARGV[1], ARGV[2], ARGV[3], ARGV[4], tonumber(ARGV[5])
 local pair, offered, collected = ARGV[6], tonumber(ARGV[7]), tonumber(ARGV[8])
 local pages, seconds, ok = tonumber(ARGV[9]), tonumber(ARGV[10]), ARGV[11] == '1'
@@ -101,6 +103,9 @@ local function estimate(key, withCompletion)
 end
 estimate(estSiteKey, true)
 estimate(estGroupKey, false)
+-- Tell the control which estimates changed, so that it re-reads only those ("s|node|site", "g|node|site|group").
+local site = string.sub(pair, 1, string.len(pair) - string.len(node) - 1)
+redis.call('SADD', estDirtyKey, 's|' .. node .. '|' .. site, 'g|' .. node .. '|' .. site .. '|' .. group)
 redis.call('SADD', aggIndexKey, pair)
 redis.call('SADD', aggTriplesKey, group .. '|' .. pair)
 redis.call('HINCRBY', progressKey, group .. '|collected', collected)
