@@ -94,7 +94,7 @@ def simulate_configuration(name: str, opts: Options, *, model: NodeModel | None 
                      address=n.address) for n in opts.nodes]
     world = ProfileWorld(opts.profile, {n.id: n.address for n in opts.nodes})
     sim = Simulation(world, nodes, task_specs(opts), allocation=allocation, modification=modification,
-                     recall=recall, duration=opts.duration, tick=config.tick_interval, batch=config.tick_batch,
+                     recall=recall, duration=opts.duration, tick=config.tick_interval,
                      page_limit=config.page_limit, time_limit=config.time_limit, alpha=config.estimate_alpha,
                      recall_age=config.recall_age, model=model, sample_interval=opts.sample_interval,
                      seed=seed, pair_samples=len(nodes) * len(opts.sites) <= 10_000)

@@ -7,11 +7,12 @@ What is simulated, and how (docs/strategies.md, "The simulator", gives the calib
   them; the control's allocation only ever sees the window of the lowest priorities, so tasks are created lazily,
   just before they could enter that window (the result is the same as creating them all at once, without the
   memory).
-* **The control**, every ``tick`` seconds, does what ``Control.tick`` does: each report moves its task on and asks
-  ``modification.next_limits`` for the next subtask's limits (cut to the pages left); each failure goes to
-  ``recall.decide`` (requeue the rest of the slice avoiding the node, dead-letter, or abandon the pages); the work of
-  nodes that left is recalled after the recall age; then ``allocation.allocate`` over the window of
-  ``min(batch, max(32, 4 x free slots))`` waiting subtasks and the live nodes with their free crawl-queue slots.
+* **The control** is the real one's decision step: every ``tick`` seconds the simulator builds the
+  :class:`~scheduler_ext.control.Snapshot` the control would read (reports, failures, their tasks, the work of
+  nodes that left once it is older than the recall age, the live nodes with their free slots, the window of
+  waiting subtasks), calls :func:`scheduler_ext.control.decide` with the strategies, and applies the decisions'
+  writes to its state. Modification, recall and allocation are therefore decided by the same code as in a real
+  cluster; only reading and applying are the simulator's.
 * **A node** takes the next subtask of its crawl queue when it is idle (at once after a finish, else at its next
   refill poll). Its pages run ``concurrency`` at a time; each page waits its latency, then is an HTTP error, a captcha
   or a page that serves each of its results with probability ``share``. The first failed page ends the subtask
@@ -36,8 +37,10 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..control import CountingIds, Decision, Entry, Snapshot, Strategies, decide
+from ..keys import Keys
 from ..models import Report, Subtask, Task
-from ..strategies import Allocation, Modification, NodeView, Recall, RecallDecision
+from ..strategies import Allocation, Modification, NodeView, Recall
 from .estimates import MemoryEstimates
 from .world import PAGE_SIZE, World
 
@@ -93,15 +96,21 @@ class Simulation:
 
     def __init__(self, world: World, nodes: Sequence[SimNode], tasks: Iterable[TaskSpec], *,
                  allocation: Allocation, modification: Modification, recall: Recall, duration: float,
-                 tick: float = 0.5, batch: int = 500, page_limit: int = 5, time_limit: float = 30.0,
+                 tick: float = 0.5, page_limit: int = 5, time_limit: float = 30.0,
                  alpha: float = 0.3, recall_age: float | None = None, model: NodeModel | None = None,
                  sample_interval: float = 3.0, seed: int = 0, pair_samples: bool = True,
                  on_sample: Callable[[dict[str, Any]], None] | None = None) -> None:
         self.world, self.nodes = world, {n.id: n for n in nodes}
         self.allocation, self.modification, self.recall = allocation, modification, recall
-        self.duration, self.tick, self.batch = duration, tick, batch
+        self.duration, self.tick = duration, tick
         self.page_limit, self.time_limit = page_limit, time_limit
         self.recall_age = recall.threshold if recall_age is None else recall_age
+        self.strategies = Strategies(allocation, modification, recall, page_limit=page_limit, time_limit=time_limit,
+                                     recall_age=self.recall_age)
+        self.keys = Keys("{sim}")
+        self._crawl_key, self._counts_key = self.keys.crawl(""), self.keys.node_counters("")
+        self.ids = CountingIds()
+        self._taken: set[str] = set()
         self.model = model or NodeModel()
         self.sample_interval, self.pair_samples, self.on_sample = sample_interval, pair_samples, on_sample
         self.rng = random.Random(seed)
@@ -119,7 +128,7 @@ class Simulation:
         self.running: dict[str, _Run | None] = dict.fromkeys(self.nodes)
         self.reports: list[Report] = []
         self.failures: list[Report] = []
-        self.lost: list[tuple[float, Subtask, str]] = []  # (when the control notices, subtask, node) of left nodes
+        self.lost: list[tuple[float, Subtask]] = []  # (when the control notices, subtask) of nodes that left
         self.polling: set[str] = set()
         self._pending_pages: dict[str, dict[int, int]] = {}  # subtask id -> page -> results collected
         # measurements
@@ -141,8 +150,7 @@ class Simulation:
         heapq.heappush(self._events, (t, self._seq, kind, payload))
 
     def _id(self) -> str:
-        self._seq += 1
-        return str(self._seq)
+        return self.ids.take(1)[0]
 
     def _count(self, node: str, name: str, n: int = 1) -> None:
         c = self.counts.setdefault(node, {})
@@ -207,100 +215,69 @@ class Simulation:
 
     # --- the control ----------------------------------------------------------------------------------------------
     def _tick(self) -> None:
+        """One control tick: the snapshot the control would read, its own :func:`decide`, the writes applied."""
+        nodes = self.live_nodes()
+        total_free = sum(n.free for n in nodes)
+        size = self.strategies.window(total_free) if total_free else 0
+        self._fill(size)
+        k = self.keys
         reports, self.reports = self.reports, []
-        for report in reports:
-            self._advance(report)
         failures, self.failures = self.failures, []
-        for report in failures:
-            self._failure(report)
+        stale: list[tuple[str, str | None]] = []
         while self.lost and self.lost[0][0] <= self.now:
-            _, st, nid = self.lost.pop(0)
-            decision = self.recall.decide(st, nid, f"node {nid} left", failed=False)
-            if decision is not RecallDecision.KEEP:
-                self._recall(st, nid, decision)
-        self._allocate()
+            _, st = self.lost.pop(0)
+            stale.append((st.id, st.to_json()))
+        tids = {r.subtask.task for r in (*reports, *failures)}
+        snap = Snapshot(
+            keys=k, now=self.now, estimates=self.estimates, ids=self.ids,
+            reports=[Entry(k.sleeping, raw, len(raw)) for raw in (r.to_json() for r in reports)],
+            failures=[Entry(k.failed, raw, len(raw)) for raw in (r.to_json() for r in failures)],
+            tasks={tid: self.tasks[tid].task.to_json() if tid in self.tasks else None for tid in tids},
+            stale=stale, nodes=nodes,
+            waiting=[(sid, self.subtasks[sid].to_json()) for _, _, sid in self.waiting[:size]])
+        for decision in decide(snap, self.strategies, self.now):
+            self._apply(decision)
+        if self._taken:
+            self.waiting = [w for w in self.waiting if w[2] not in self._taken]
+            self._taken.clear()
 
-    def _advance(self, report: Report, abandoned: bool = False) -> None:
-        st = report.subtask
-        state = self.tasks.get(st.task)
-        if state is None or state.task.done:
-            return
-        task = state.task
-        task.subtasks += 1
-        task.collected += report.collected
-        task.last_node = report.node
-        if report.total_pages is not None:
-            task.total_pages = report.total_pages
-        nxt = st.first_page + st.page_limit if abandoned else max(report.next_page, st.first_page)
-        task.next_page = max(task.next_page, nxt)
-        if report.exhausted or (task.total_pages is not None and task.next_page >= task.total_pages):
-            task.done = True
-            self.tasks_done += 1
-            del self.tasks[st.task]  # nothing refers to it any more: keep memory bounded at scale
-            return
-        chosen = self.modification.next_limits(report, self.estimates)
-        if chosen != (task.page_limit, task.time_limit):
-            self._count(report.node, "modified")
-        pages, limit = chosen
-        if task.total_pages is not None:
-            pages = max(1, min(pages, task.total_pages - task.next_page))
-        task.page_limit, task.time_limit = chosen
-        self._wait(Subtask(id=self._id(), task=task.id, site=task.site, group=task.group, type=task.type,
-                           priority=task.priority, first_page=task.next_page, page_limit=pages, time_limit=limit,
-                           prev_node=report.node, since=self.now))
-
-    def _failure(self, report: Report) -> None:
-        st = report.subtask
-        decision = self.recall.decide(st, report.node, report.reason, failed=True)
-        end = st.first_page + st.page_limit
-        if decision is RecallDecision.ABANDON:
-            self._advance(report, abandoned=True)
-            return
-        if decision is RecallDecision.REQUEUE and st.first_page < report.next_page < end:
-            st = Subtask(**{**st.__dict__, "first_page": report.next_page, "page_limit": end - report.next_page})
-        self._recall(st, report.node, decision)
-
-    def _recall(self, st: Subtask, node: str, decision: RecallDecision) -> None:
-        self._count(node, "recalled")
-        if decision is RecallDecision.DEAD:
-            self._count(node, "dead")
-            return
-        avoid = list(dict.fromkeys([*st.avoid, node]))[-3:]
-        self._wait(Subtask(**{**st.__dict__, "attempt": st.attempt + 1, "avoid": avoid, "node": None,
-                              "prev_node": node, "since": self.now}))
+    def _apply(self, decision: Decision) -> None:
+        """Apply one decision's writes to the simulated state (its guards hold: nothing runs between the steps)."""
+        k = self.keys
+        records: dict[str, str] = {}
+        for w in decision.writes:
+            op, key = w[0], w[1]
+            if op == "hset" and key == k.subtasks:
+                records[w[2]] = w[3]
+            elif op == "hset" and key == k.tasks:
+                task = Task.from_json(w[3])
+                state = self.tasks.get(task.id)
+                if state is not None:
+                    state.task = task
+                    if task.done:
+                        self.tasks_done += 1
+                        del self.tasks[task.id]  # nothing refers to it any more: memory stays bounded at scale
+            elif op == "zadd" and key == k.waiting:
+                self._wait(Subtask.from_json(records[w[3]]))
+            elif op == "lpush" and key.startswith(self._crawl_key):
+                self._queue(key[len(self._crawl_key):], Subtask.from_json(w[2]))
+            elif op == "hincrby" and key.startswith(self._counts_key):
+                self._count(key[len(self._counts_key):], w[2], int(w[3]))
+        if decision.kind == "allocate":
+            self.allocated += 1
+            self._taken.add(decision.subject)
+            self.subtasks.pop(decision.subject, None)
 
     def live_nodes(self) -> list[NodeView]:
         return [NodeView(id=n.id, types=list(n.types), address=n.address,
                          free=max(0, n.prefetch - len(self.queues[n.id])))
                 for n in self.nodes.values() if self.live(n.id)]
 
-    def _allocate(self) -> None:
-        nodes = self.live_nodes()
-        total_free = sum(n.free for n in nodes)
-        if not total_free:
-            return
-        window = min(self.batch, max(32, 4 * total_free))
-        self._fill(window)
-        if not self.waiting:
-            return
-        subtasks = [self.subtasks[sid] for _, _, sid in self.waiting[:window]]
-        assignments = self.allocation.allocate(subtasks, nodes, self.estimates, self.now)
-        if not assignments:
-            return
-        taken = set()
-        for st, nid in assignments:
-            if st.prev_node is not None and st.prev_node != nid:
-                self._count(st.prev_node, "moved_out")
-                self._count(nid, "moved_in")
-            placed = Subtask(**{**st.__dict__, "node": nid})
-            self.queues[nid].append(placed)
-            taken.add(st.id)
-            del self.subtasks[st.id]
-            if self.running[nid] is None and nid not in self.polling:
-                self.polling.add(nid)
-                self._at(self.now + self.rng.uniform(0, self.model.refill_interval), "poll", nid)
-        self.allocated += len(taken)
-        self.waiting = [w for w in self.waiting if w[2] not in taken]
+    def _queue(self, nid: str, st: Subtask) -> None:
+        self.queues[nid].append(st)
+        if self.running[nid] is None and nid not in self.polling:
+            self.polling.add(nid)
+            self._at(self.now + self.rng.uniform(0, self.model.refill_interval), "poll", nid)
 
     # --- the nodes --------------------------------------------------------------------------------------------------
     def _take(self, nid: str) -> None:
@@ -423,9 +400,9 @@ class Simulation:
         if run is not None:
             self.running[nid] = None
             self._pending_pages.pop(run.st.id, None)
-            self.lost.append((notice, run.st, nid))
+            self.lost.append((notice, run.st))
         for st in self.queues[nid]:
-            self.lost.append((notice, st, nid))
+            self.lost.append((notice, st))
         self.queues[nid] = []
         self.lost.sort(key=lambda x: x[0])
 
