@@ -125,7 +125,7 @@ class Config:
     tick_alarm: int = 5
     leader_ttl: float = 10.0
     splitter: str | None = None
-    allocation: str = "scheduler_ext.strategies.allocation.DynamicAllocation"
+    allocation: str = "scheduler_ext.strategies.bandit.BanditAllocation"
     modification: str = "scheduler_ext.strategies.modification.DynamicModification"
     recall: str = "scheduler_ext.strategies.recall.DynamicRecall"
     max_entry_bytes: int = 1_000_000
@@ -139,6 +139,9 @@ class Config:
     estimate_alpha: float = 0.3
     explore_runs: int = 1
     estimate_stale: float = 600.0
+    estimate_half_life: float = 30.0
+    explore_share: float = 0.2
+    bandit_seed: int | None = None
     slow_factor: float = 3.0
     rate_floor: float = 0.6
     patience: float = 30.0
@@ -206,6 +209,9 @@ class Config:
             estimate_alpha=_number(s, "SCHEDEXT_ESTIMATE_ALPHA", float, low=0.0, low_open=True, high=1.0),
             explore_runs=_number(s, "SCHEDEXT_EXPLORE_RUNS", int, low=0),
             estimate_stale=_seconds(s, "SCHEDEXT_ESTIMATE_STALE"),
+            estimate_half_life=_seconds(s, "SCHEDEXT_ESTIMATE_HALF_LIFE"),
+            explore_share=_number(s, "SCHEDEXT_EXPLORE_SHARE", float, low=0.0, high=1.0),
+            bandit_seed=None if _raw(s, "SCHEDEXT_BANDIT_SEED") is None else _number(s, "SCHEDEXT_BANDIT_SEED", int),
             slow_factor=_number(s, "SCHEDEXT_SLOW_FACTOR", float, low=1.0),
             rate_floor=_number(s, "SCHEDEXT_RATE_FLOOR", float, low=0.0, high=1.0),
             patience=_seconds(s, "SCHEDEXT_PATIENCE", zero_ok=True),

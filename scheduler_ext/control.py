@@ -54,6 +54,7 @@ from .keys import Keys
 from .models import Report, Subtask, Task, loads_object
 from .store import Guard, Store, Write
 from .strategies import Allocation, Estimate, Estimates, Modification, NodeView, Recall, RecallDecision, load_strategy
+from .strategies.posterior import Sums
 
 logger = logging.getLogger(__name__)
 
@@ -81,11 +82,16 @@ class EstimateCache:
         self.store = store
         self._sites: dict[str, dict[str, tuple[Estimate | None, Estimate | None]]] = {}  # site -> node -> (c, spp)
         self._groups: dict[tuple[str, str], dict[str, Estimate | None]] = {}  # (group, site) -> node -> spp
+        # The bandit's sums (scheduler_ext/strategies/posterior.py), parsed from the same fields.
+        self._site_sums: dict[str, dict[str, Sums]] = {}
+        self._group_sums: dict[tuple[str, str], dict[str, Sums]] = {}
         self.reads = 0  # hashes or fields read from Redis, for benchmarks and tests
 
     def reset(self) -> None:
         self._sites.clear()
         self._groups.clear()
+        self._site_sums.clear()
+        self._group_sums.clear()
 
     def refresh(self) -> None:
         """Re-read the fields changed since the last refresh (``est:dirty``), for the hashes held."""
@@ -108,10 +114,13 @@ class EstimateCache:
         sites = {what: dict(self._sites[what]) for kind, what, _ in fields if kind == "s"}
         for (kind, what, node), raw in zip(fields, rows, strict=True):
             e = _parse_one(raw)
+            sums = _sums(e)
             if kind == "s":
                 sites[what][node] = (_estimate(e, "c"), _estimate(e, "spp"))
+                _put(self._site_sums.setdefault(what, {}), node, sums)
             else:
                 self._groups[what][node] = _estimate(e, "spp")
+                _put(self._group_sums.setdefault(what, {}), node, sums)
         self._sites.update(sites)
 
     def prefetch(self, sites: Iterable[str], group_sites: Iterable[tuple[str, str]]) -> None:
@@ -136,13 +145,17 @@ class EstimateCache:
             rows = pipe.execute()
         self.reads += len(rows)
         for site, fields in zip(sites, rows, strict=False):
-            self._sites[site] = {node: (_estimate(e, "c"), _estimate(e, "spp"))
-                                 for node, raw in fields.items() if (e := _parse_one(raw)) is not None}
+            parsed = {node: e for node, raw in fields.items() if (e := _parse_one(raw)) is not None}
+            self._sites[site] = {node: (_estimate(e, "c"), _estimate(e, "spp")) for node, e in parsed.items()}
+            self._site_sums[site] = {node: s for node, e in parsed.items() if (s := _sums(e)) is not None}
         for gs, fields in zip(groups, rows[len(sites):], strict=True):
-            self._groups[gs] = {node: _estimate(e, "spp") for node, raw in fields.items()
-                                if (e := _parse_one(raw)) is not None}
+            parsed = {node: e for node, raw in fields.items() if (e := _parse_one(raw)) is not None}
+            self._groups[gs] = {node: _estimate(e, "spp") for node, e in parsed.items()}
+            self._group_sums[gs] = {node: s for node, e in parsed.items() if (s := _sums(e)) is not None}
         while len(self._groups) > self.MAX_GROUPS:
-            del self._groups[next(iter(self._groups))]
+            oldest = next(iter(self._groups))
+            del self._groups[oldest]
+            self._group_sums.pop(oldest, None)
 
     # --- the Estimates protocol ----------------------------------------------------------------------------
     def completion(self, site: str, node: str) -> Estimate | None:
@@ -168,6 +181,28 @@ class EstimateCache:
         if (group, site) not in self._groups:
             self.prefetch([], [(group, site)])
         return self._groups[(group, site)]
+
+    # --- the bandit's sums (the EstimateSums protocol) -------------------------------------------------------
+    def site_sums(self, site: str) -> dict[str, Sums]:
+        if site not in self._sites:
+            self.prefetch([site], [])
+        return self._site_sums.setdefault(site, {})
+
+    def group_sums(self, group: str, site: str) -> dict[str, Sums]:
+        if (group, site) not in self._groups:
+            self.prefetch([], [(group, site)])
+        return self._group_sums.setdefault((group, site), {})
+
+
+def _sums(entry: dict[str, Any] | None) -> Sums | None:
+    return None if entry is None else Sums.from_entry(entry)
+
+
+def _put(per_node: dict[str, Sums], node: str, sums: Sums | None) -> None:
+    if sums is None:
+        per_node.pop(node, None)
+    else:
+        per_node[node] = sums
 
 
 def _parse_one(raw: str | None) -> dict[str, Any] | None:

@@ -37,7 +37,7 @@ DEFAULTS: dict[str, Any] = {
     "SCHEDEXT_MAX_SPLIT": 1_000,  # tasks one virtual task may split into; more is dead-lettered
     "SCHEDEXT_LEADER_TTL": 10.0,  # seconds a control's leader lease lasts unless renewed
     "SCHEDEXT_SPLITTER": None,  # dotted path: callable(raw_json: str) -> list[dict] (task specs)
-    "SCHEDEXT_ALLOCATION": "scheduler_ext.strategies.allocation.DynamicAllocation",
+    "SCHEDEXT_ALLOCATION": "scheduler_ext.strategies.bandit.BanditAllocation",
     "SCHEDEXT_MODIFICATION": "scheduler_ext.strategies.modification.DynamicModification",
     "SCHEDEXT_RECALL": "scheduler_ext.strategies.recall.DynamicRecall",
     # --- recall (the paper: 1 minute, 5 recalls, then manual handling) -----------------------------------
@@ -53,6 +53,9 @@ DEFAULTS: dict[str, Any] = {
     "SCHEDEXT_RATE_FLOOR": 0.6,  # a free node gets a subtask only at >= this share of the best node's rate
     "SCHEDEXT_PATIENCE": 30.0,  # seconds a subtask waits for a good node before any eligible node will do
     "SCHEDEXT_ESTIMATE_STALE": 600.0,  # seconds after which a (site, node) estimate is explored again
+    "SCHEDEXT_ESTIMATE_HALF_LIFE": 30.0,  # seconds; bandit: evidence of an unused pair weighs half after this
+    "SCHEDEXT_EXPLORE_SHARE": 0.2,  # bandit: explorations allowed per assignment (the exploration budget)
+    "SCHEDEXT_BANDIT_SEED": None,  # int; bandit's random draws (None: different every run)
     "SCHEDEXT_PAGE_LIMIT_MIN": 1,
     "SCHEDEXT_PAGE_LIMIT_MAX": 20,
     "SCHEDEXT_TIME_LIMIT_MIN": 5.0,  # seconds

@@ -129,8 +129,10 @@ def test_dynamic_beats_shared_on_a_heterogeneous_profile(scrapy_env: dict[str, s
             assert NODE_KEYS <= set(node)
         assert run["items_over_time"][-1] == [25, run["unique_items"]]
         assert 0 < run["completion"] < 1 and not run["exhausted"]
-    assert set(summary["ratios"]) == {"dynamic_vs_shared", "dynamic_vs_oracle"}
+    assert set(summary["ratios"]) == {"dynamic_vs_shared", "dynamic_vs_oracle", "dynamic_vs_best", "oracle_vs_best"}
     assert summary["ratios"]["dynamic_vs_oracle"] is None
+    # The best possible bounds every configuration (docs/experiment.md, "vs best").
+    assert 0 < summary["ratios"]["dynamic_vs_best"] < 1 and summary["simulated"] is False
     assert set(summary["gains"]["over_shared"]) == {"node1", "node2"}
     # The outcome: dynamic scheduling sends each site to the node it suits and collects clearly more.
     dynamic, shared = summary["runs"]["dynamic"], summary["runs"]["shared"]

@@ -27,7 +27,9 @@ from scheduler_ext.strategies import (
 )
 from scheduler_ext.strategies import modification as modification_module
 from scheduler_ext.strategies.allocation import DynamicAllocation, RoundRobinAllocation, SharedAllocation
+from scheduler_ext.strategies.bandit import BanditAllocation
 from scheduler_ext.strategies.modification import DynamicModification, FixedModification
+from scheduler_ext.strategies.posterior import Posterior, Sums, update_sums
 from scheduler_ext.strategies.recall import DynamicRecall, NoRecall
 
 NOW = 10_000.0
@@ -106,7 +108,7 @@ def assigned(result: list[tuple[Subtask, str]]) -> dict[str, str]:
 
 # --- the allocation contract, on every implementation -------------------------------------------------------
 
-ALLOCATIONS = [DynamicAllocation, SharedAllocation, RoundRobinAllocation]
+ALLOCATIONS = [DynamicAllocation, SharedAllocation, RoundRobinAllocation, BanditAllocation]
 
 
 def _scenario(seed: int) -> tuple[list[Subtask], list[NodeView], FakeEstimates]:
@@ -533,10 +535,17 @@ def test_load_strategy_builds_defaults_and_reads_settings() -> None:
             "SCHEDEXT_RECALL_MAX": 3,
             "SCHEDEXT_RECALL_THRESHOLD": 90,
             "SCHEDEXT_PAGE_LIMIT": 8,
+            "SCHEDEXT_ESTIMATE_HALF_LIFE": 45,
+            "SCHEDEXT_EXPLORE_SHARE": 0.05,
         }
     )
-    alloc = load_strategy(crawler, "SCHEDEXT_ALLOCATION")
-    assert isinstance(alloc, DynamicAllocation) and alloc.slow_factor == 5.0 and alloc.explore_timeout == 90.0
+    alloc = load_strategy(crawler, "SCHEDEXT_ALLOCATION")  # the default: the bandit
+    assert isinstance(alloc, BanditAllocation) and alloc.explore_timeout == 90.0
+    assert (alloc.half_life, alloc.explore_share) == (45.0, 0.05)
+    paper = load_strategy(get_crawler(settings_dict={
+        "SCHEDEXT_ALLOCATION": "scheduler_ext.strategies.allocation.DynamicAllocation", "SCHEDEXT_SLOW_FACTOR": 5}),
+        "SCHEDEXT_ALLOCATION")
+    assert isinstance(paper, DynamicAllocation) and paper.slow_factor == 5.0
     recall = load_strategy(crawler, "SCHEDEXT_RECALL")
     assert isinstance(recall, DynamicRecall) and (recall.threshold, recall.max_recalls) == (90.0, 3)
     mod = load_strategy(crawler, "SCHEDEXT_MODIFICATION")
@@ -585,3 +594,104 @@ def test_recall_contract(strategy: Any, failed: bool) -> None:
     dead_at = [a for a, d in enumerate(decisions) if d is RecallDecision.DEAD]
     if dead_at:
         assert dead_at == list(range(dead_at[0], 8))
+
+
+# --- BanditAllocation and its model ----------------------------------------------------------------------------
+
+
+class SumsEstimates(FakeEstimates):
+    """FakeEstimates plus the bandit's sums per (site, node)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.sums: dict[str, dict[str, Sums]] = {}
+
+    def runs(self, site: str, nid: str, *runs: tuple[int, int, int, float, bool], at: float = NOW - 1) -> SumsEstimates:
+        """Each run: (pages done, offered, collected, seconds, ok)."""
+        for pages, offered, collected, seconds, ok in runs:
+            old = self.sums.setdefault(site, {}).get(nid)
+            self.sums[site][nid] = update_sums(old, pages_done=pages, failed_pages=0 if ok else 1, offered=offered,
+                                               collected=collected, seconds=seconds, alpha=0.3, now=at)
+        return self
+
+    def site_sums(self, site: str) -> dict[str, Sums]:
+        return self.sums.get(site, {})
+
+    def group_sums(self, group: str, site: str) -> dict[str, Sums]:
+        return {}
+
+
+GOOD = (10, 100, 93, 1.0, True)  # 10 pages, 93 % served, 0.1 s a page
+
+
+def test_bandit_single_failed_run_does_not_write_a_pair_off() -> None:
+    # n1 is known good and busy; n2's only run failed on its first page; n3 ran 6 bad runs just now.
+    est = (SumsEstimates().runs("a.com", "n1", GOOD, GOOD, GOOD)
+           .runs("a.com", "n2", (0, 0, 0, 0.3, False), at=NOW - 120)
+           .runs("a.com", "n3", *[(10, 100, 10, 6.0, True)] * 6))
+    nodes = [node("n1", 0), node("n2"), node("n3")]
+    tried = Counter()
+    for tick in range(200):
+        strategy = BanditAllocation(seed=tick)
+        for _, nid in strategy.allocate([st("s1")], nodes, est, NOW):
+            tried[nid] += 1
+    assert tried["n2"] > 20, tried  # drawn again: one failed page is one page of evidence, two minutes old
+    assert tried["n3"] < tried["n2"] / 4, tried  # a pair measured bad, recently, is rarely drawn
+    # The paper's allocation on the same data: n2's completion is 0, it never qualifies before patience.
+    paper = FakeEstimates().set("a.com", "n1", 0.93, 0.1).set("a.com", "n2", 0.0, 1.0, last_run=NOW - 120)
+    assert DynamicAllocation().allocate([st("s1")], [node("n1", 0), node("n2")], paper, NOW) == []
+
+
+def test_bandit_charges_blocked_pages() -> None:
+    # n1 was fast and good; now every run gets one page served (90 %), then a captcha that fails it. The paper's
+    # completion counts the served page only (0.9) and its speed is not updated by failed runs (0.1 s a page), so
+    # it still ranks n1 first. The bandit charges the captcha pages and their time.
+    captcha = [(1, 10, 9, 0.5, False)] * 6
+    est = SumsEstimates().runs("a.com", "n1", GOOD, GOOD, *captcha).runs("a.com", "n2", *[(10, 100, 92, 2.0, True)] * 4)
+    paper = FakeEstimates().set("a.com", "n1", 0.9, 0.1).set("a.com", "n2", 0.92, 0.2)
+    assert assigned(DynamicAllocation().allocate([st("s1")], [node("n1"), node("n2")], paper, NOW)) == {"s1": "n1"}
+    posts, _ = BanditAllocation().posteriors("g", "a.com", est, NOW)
+    assert posts["n1"].share < 0.75 < 0.85 < posts["n2"].share
+    assert posts["n2"].mean > posts["n1"].mean
+    result = BanditAllocation(explore_share=0).allocate([st("s1")], [node("n1"), node("n2")], est, NOW)
+    assert assigned(result) == {"s1": "n2"}
+
+
+def test_bandit_change_point_follows_a_pair_that_turns_bad_in_one_run() -> None:
+    est = SumsEstimates().runs("a.com", "n1", GOOD, GOOD, GOOD).runs("a.com", "n2", GOOD, GOOD, GOOD)
+    est.runs("a.com", "n1", (8, 80, 9, 6.0, False))  # the site starts refusing n1
+    posts, _ = BanditAllocation().posteriors("g", "a.com", est, NOW)
+    assert posts["n1"].mean < 0.6 * posts["n2"].mean  # below the floor at once, not after ~4 runs of averaging
+    assert est.sums["a.com"]["n1"].n == 1.0  # the sums restarted from the run that changed
+    # One failed page is not a change point.
+    one = SumsEstimates().runs("a.com", "n1", GOOD, GOOD, (0, 0, 0, 0.2, False))
+    assert one.sums["a.com"]["n1"].n > 2
+
+
+def test_bandit_explores_within_its_budget() -> None:
+    # One known-good node and 20 never-tried free ones; 300 ticks of one subtask each.
+    est = SumsEstimates().runs("a.com", "good", GOOD, GOOD, GOOD)
+    nodes = [node("good"), *[node(f"n{i}") for i in range(20)]]
+    strategy = BanditAllocation(explore_share=0.1, explore_timeout=0.5)
+    made = 0
+    for tick in range(300):
+        made += len(strategy.allocate([st(f"s{tick}")], nodes, est, NOW + tick))
+    assert made == 300
+    # Start-up budget (one per node) plus a tenth of the exploiting assignments, at most.
+    assert 1 <= strategy.explored <= len(nodes) + 0.1 * 300
+
+
+def test_bandit_explores_a_site_nobody_knows_without_budget() -> None:
+    strategy = BanditAllocation(explore_share=0)
+    strategy.credit = 0.0
+    result = strategy.allocate([st("s1"), st("s2", site="b.com")], [node("n1", 2)], SumsEstimates(), NOW)
+    assert sorted(s.id for s, _ in result) == ["s1", "s2"]
+
+
+def test_posterior_discount_widens_unused_evidence() -> None:
+    s = update_sums(None, pages_done=10, failed_pages=0, offered=100, collected=20, seconds=1.0, alpha=0.3, now=0)
+    fresh = Posterior.of(s, now=0, half_life=60, theta0=0.9, rho0=10)
+    old = Posterior.of(s, now=600, half_life=60, theta0=0.9, rho0=10)
+    assert fresh.share < 0.3 < 0.8 < old.share  # ten half-lives later, back near the prior
+    assert Posterior.of(None, now=0, half_life=60, theta0=0.9, rho0=10) == Posterior.prior(0.9, 10)
+

@@ -26,25 +26,36 @@ __all__ = ["CONFIGURATIONS", "DEFAULT_CONFIGURATIONS", "ExperimentError", "Optio
            "run_experiment"]
 
 
-def run_experiment(opts: Options, *, redis_url: str, mongo_uri: str, progress: Progress | None = None
+def run_experiment(opts: Options, *, redis_url: str = "", mongo_uri: str = "", progress: Progress | None = None
                    ) -> tuple[dict[str, Any], Path]:
     """Run every configuration of ``opts``; write summary.json, the plots and report.html into ``opts.out``.
 
-    Returns the summary and the report's path. The raw samples of each run are kept in ``raw/<name>.json``.
+    Real processes (``redis_url``, ``mongo_uri``), or the cluster simulator if ``opts.sim`` (no services; each
+    configuration ``opts.repeat`` times). Returns the summary and the report's path. The raw samples of each run
+    (the first seed's, simulated) are kept in ``raw/<name>.json``.
     """
     from product_crawl.experiment.report import write_html, write_plots
+    from product_crawl.experiment.sim import simulate_configuration
     from product_crawl.experiment.summary import summarize
 
     opts.out.mkdir(parents=True, exist_ok=True)
     (opts.out / "raw").mkdir(exist_ok=True)
     totals = corpus_totals(opts.profile, opts.sites, opts.seed)
     raws: dict[str, dict[str, Any]] = {}
+    repeats: dict[str, list[int]] = {}
     for i, name in enumerate(opts.configurations, 1):
-        raw = run_configuration(name, opts, redis_url=redis_url, mongo_uri=mongo_uri, progress=progress,
-                                label=f"{name} {i}/{len(opts.configurations)}")
+        label = f"{name} {i}/{len(opts.configurations)}"
+        if opts.sim:
+            runs = [simulate_configuration(name, opts, seed=opts.seed + k, progress=progress or Progress(),
+                                           label=f"{label} seed {opts.seed + k}") for k in range(opts.repeat)]
+            raw = runs[0]
+            repeats[name] = [r["samples"][-1]["items"] for r in runs]
+        else:
+            raw = run_configuration(name, opts, redis_url=redis_url, mongo_uri=mongo_uri, progress=progress,
+                                    label=label)
         raws[name] = raw
         (opts.out / "raw" / f"{name}.json").write_text(json.dumps(raw, ensure_ascii=False), encoding="utf-8")
-    summary = summarize(raws, opts, totals)
+    summary = summarize(raws, opts, totals, repeats)
     (opts.out / "summary.json").write_text(json.dumps(summary, ensure_ascii=False, indent=1), encoding="utf-8")
     images = write_plots(summary, opts.out)
     return summary, write_html(summary, opts.out, images)

@@ -11,6 +11,8 @@ Plots (docs/experiment.md shows them):
     and of the full dynamic configuration over ``shared``.
 ``items.png``
     Unique items in MongoDB over time, one line per configuration.
+``ratios.png`` (simulated, ``--repeat`` > 1)
+    Per configuration, the distribution over seeds of unique items / best possible.
 """
 
 from __future__ import annotations
@@ -139,7 +141,8 @@ def write_plots(summary: dict[str, Any], out: Path) -> list[str]:
         names.append(file)
     plot_gains(summary, out / "fig5.png")
     plot_items(summary, out / "items.png")
-    return [names[0], "fig5.png", "items.png", *names[1:]]
+    extra = ["ratios.png"] if plot_distribution(summary, out / "ratios.png") else []
+    return [names[0], "fig5.png", "items.png", *extra, *names[1:]]
 
 
 def _num(value: Any, fmt: str = "{:.2f}") -> str:
@@ -150,7 +153,7 @@ def table_rows(summary: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
     """Header and rows of the per-configuration table (console and HTML)."""
     items = {n: r["unique_items"] for n, r in summary["runs"].items()}
     headers = ["configuration", "unique items", "completion", "served share", "items/s", "vs shared", "vs oracle",
-               "moved out", "modified", "recalled", "dead", "tasks done"]
+               "vs best", "moved out", "modified", "recalled", "dead", "tasks done"]
     rows = []
     for name, run in summary["runs"].items():
         nodes = run["nodes"].values()
@@ -158,6 +161,7 @@ def table_rows(summary: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
                      _num(run["items_per_second"], "{:.1f}"),
                      _num(items[name] / items["shared"] if items.get("shared") else None),
                      _num(items[name] / items["oracle"] if items.get("oracle") else None),
+                     _num(run.get("vs_best")),
                      *(str(sum(n[k] for n in nodes)) for k in ("moved_out", "modified", "recalled", "dead")),
                      f"{run['tasks']['done']}/{run['tasks']['total']}"])
     return headers, rows
@@ -172,12 +176,48 @@ def goal_lines(summary: dict[str, Any]) -> list[str]:
             detail = f"dynamic / shared = {_num(r['dynamic_vs_shared'])}"
         elif goal.startswith("dynamic_vs_oracle"):
             detail = f"dynamic / oracle = {_num(r['dynamic_vs_oracle'])}"
+        elif goal.startswith("dynamic_vs_best"):
+            detail = (f"dynamic / best possible = {_num(r.get('dynamic_vs_best'))}, best possible "
+                      f"{summary['best_possible']['items']} unique items")
         else:
             dyn = summary["runs"].get("dynamic", {}).get("nodes", {})
             detail = "late pages on suited sites: " + (", ".join(
                 f"{n} {_num(v['suited_share'])}" for n, v in dyn.items()) or "-")
         lines.append(f"{goal}: {state} ({detail})")
     return lines
+
+
+def distribution_rows(summary: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
+    """Header and rows of the ratio distribution over simulated seeds (empty without ``--repeat``)."""
+    headers = ["configuration", "ratio", "min", "p10", "median", "p90", "max", "seeds"]
+    rows = []
+    for name, entry in (summary.get("distribution") or {}).items():
+        for ratio in ("vs_best", "vs_shared", "vs_oracle", "vs_paper"):
+            q = entry.get(ratio)
+            if q:
+                rows.append([name, ratio, *(_num(q[k]) for k in ("min", "p10", "median", "p90", "max")), str(q["n"])])
+    return headers, rows
+
+
+def plot_distribution(summary: dict[str, Any], path: Path) -> bool:
+    """Box plot of each configuration's unique items / best possible over the simulated seeds; False if none."""
+    dist = summary.get("distribution") or {}
+    data = [(name, e["vs_best"]) for name, e in dist.items() if e.get("vs_best")]
+    if not data:
+        return False
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(max(5, 1.3 * len(data) + 2), 4))
+    stats = [{"label": n, "whislo": q["min"], "q1": q["p10"], "med": q["median"], "q3": q["p90"], "whishi": q["max"],
+              "fliers": []} for n, q in data]
+    ax.bxp(stats, showfliers=False)
+    ax.axhline(1.0, color="grey", linestyle=":")
+    ax.set_ylabel("unique items / best possible")
+    ax.set_title(f"Ratio to the best possible over {data[0][1]['n']} simulated seeds (box: p10-p90)")
+    ax.grid(axis="y", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return True
 
 
 def console_table(summary: dict[str, Any]) -> list[str]:
@@ -196,6 +236,9 @@ def console_table(summary: dict[str, Any]) -> list[str]:
         lines += ["", "gain over shared per node: " + ", ".join(f"{n} {_num(v, '{:+.0%}')}" for n, v in over.items())]
     for s, v in summary["gains"].get("strategies", {}).items():
         lines.append(f"gain from {s} per node: " + ", ".join(f"{n} {_num(g, '{:+.0%}')}" for n, g in v.items()))
+    head, rows = distribution_rows(summary)
+    if rows:
+        lines += ["", "ratio distribution over simulated seeds:", *table(head, rows)]
     return [*lines, "", *goal_lines(summary)]
 
 
@@ -219,6 +262,12 @@ def write_html(summary: dict[str, Any], out: Path, images: list[str]) -> Path:
     figs = "".join(f'<figure><img src="{e(img)}" alt="{e(img)}"><figcaption>{e(img)}</figcaption></figure>'
                    for img in images)
     settings = ", ".join(f"{k}={v}" for k, v in summary["settings"].items())
+    best = summary["best_possible"]
+    bound_text = (f"Best possible: {best['items']} unique items (the profile's true rates, phase by phase, each node "
+                  f"on the site it serves best within the sites' task limits; node machinery {best['model']}). "
+                  + ("Simulated runs (scheduler_ext.sim)." if summary.get("simulated") else "Real processes."))
+    dhead, drows = distribution_rows(summary)
+    dist = f"<h2>Ratio distribution over simulated seeds</h2>{tab(dhead, drows)}" if drows else ""
     page = f"""<!DOCTYPE html>
 <html><head><meta charset="utf-8"><title>Experiment: {e(summary['profile']['name'])}</title>
 <style>body{{font-family:sans-serif;max-width:1300px;margin:1em auto}}table{{border-collapse:collapse;margin:1em 0}}
@@ -231,6 +280,8 @@ products {e(', '.join(summary['products']))}; the simulated web holds {summary['
 queries.</p>
 <h2>Goals</h2><ul>{goals}</ul>
 <h2>Configurations</h2>{tab(headers, rows)}
+<p>{e(bound_text)}</p>
+{dist}
 {figs}
 <h2>Per node</h2>{tab(node_head, node_body)}
 <p>Settings of every configuration: {e(settings)}</p>

@@ -13,6 +13,7 @@ strategies; docs/experiment.md describes the metrics and the summary schema.
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import logging
 import sys
@@ -36,6 +37,7 @@ logger = logging.getLogger(__name__)
 _ALLOC = "scheduler_ext.strategies.allocation."
 _MOD = "scheduler_ext.strategies.modification."
 _RECALL = "scheduler_ext.strategies.recall."
+_BANDIT = "scheduler_ext.strategies.bandit."
 
 #: Configuration name -> (what it is, the strategy settings it sets on nodes and control).
 CONFIGURATIONS: dict[str, tuple[str, dict[str, str]]] = {
@@ -58,6 +60,10 @@ CONFIGURATIONS: dict[str, tuple[str, dict[str, str]]] = {
                         {"SCHEDEXT_MODIFICATION": _MOD + "FixedModification"}),
     "no_recall": ("dynamic with recall switched to its baseline (none)",
                   {"SCHEDEXT_RECALL": _RECALL + "NoRecall"}),
+    "paper": ("the paper's dynamic allocation (moving averages, staleness timer), dynamic modification and recall",
+              {"SCHEDEXT_ALLOCATION": _ALLOC + "DynamicAllocation"}),
+    "bandit": ("bandit allocation (posteriors with uncertainty, Thompson exploration on a budget), the paper's "
+               "modification and recall", {"SCHEDEXT_ALLOCATION": _BANDIT + "BanditAllocation"}),
 }
 DEFAULT_CONFIGURATIONS = ("dynamic", "shared", "round_robin", "oracle")
 ABLATIONS = {"allocation": "no_allocation", "modification": "no_modification", "recall": "no_recall"}
@@ -107,6 +113,8 @@ class Options:
     sample_interval: float = 3.0
     prefix: str = "{exp}"
     database: str = "product_crawl_experiment"
+    sim: bool = False  # run on the cluster simulator (scheduler_ext.sim) instead of real processes
+    repeat: int = 1  # simulated runs per configuration (seeds seed .. seed + repeat - 1), for ratio distributions
 
 
 def parse_configurations(spec: str, ablations: bool = False) -> list[str]:
@@ -164,7 +172,8 @@ def experiment_nodes(profile: Profile, count: int | None) -> list[NodeSpec]:
     n = len(addresses) if count is None else count
     if n < 1:
         raise ExperimentError(f"--nodes: expected at least 1 node, got {n}")
-    spare = (f"127.0.0.{i}" for i in range(2, 255) if f"127.0.0.{i}" not in addresses)
+    base = int(ipaddress.IPv4Address("127.0.0.2"))  # then on through 127.0.0.0/8 (more than 253: simulator only)
+    spare = (a for i in range(2**24 - 2) if (a := str(ipaddress.IPv4Address(base + i))) not in addresses)
     while len(addresses) < n:
         addresses.append(next(spare))
     return [NodeSpec(f"node{i}", addresses[i - 1], types="0") for i in range(1, n + 1)]
@@ -173,7 +182,7 @@ def experiment_nodes(profile: Profile, count: int | None) -> list[NodeSpec]:
 def make_options(*, profile: str = "paper", duration: float = 90.0, strategies: str = ",".join(DEFAULT_CONFIGURATIONS),
                  ablations: bool = False, seed: int = 0, out: Path | None = None, nodes: int | None = None,
                  overrides: dict[str, Any] | None = None, sample_interval: float = 3.0, prefix: str = "{exp}",
-                 database: str = "product_crawl_experiment") -> Options:
+                 database: str = "product_crawl_experiment", sim: bool = False, repeat: int = 1) -> Options:
     """Validate everything a run needs, before anything starts; raises :class:`ExperimentError` if bad."""
     configurations = parse_configurations(strategies, ablations)
     if not duration >= MIN_DURATION:  # also refuses NaN
@@ -187,13 +196,18 @@ def make_options(*, profile: str = "paper", duration: float = 90.0, strategies: 
     if not sites:
         raise ExperimentError(f"{loaded.source}: names no sites under nodes.<address>.sites; the experiment "
                               "crawls the sites the profile describes")
+    if not sim and nodes is not None and nodes > 253:
+        raise ExperimentError(f"--nodes: a real run binds each node to its own loopback address, at most 253; got "
+                              f"{nodes} (the simulator takes more: --sim)")
+    if repeat < 1 or (repeat > 1 and not sim):
+        raise ExperimentError(f"--repeat: expected 1, or more with --sim (simulated runs are cheap), got {repeat}")
     if not 0.5 <= sample_interval <= duration / 4:
         raise ExperimentError(f"sample interval: expected 0.5 .. {duration / 4:g} seconds, got {sample_interval:g}")
     when = time.strftime("%Y%m%d-%H%M%S")
     return Options(profile_spec=profile, profile=loaded, duration=float(duration), configurations=configurations,
                    seed=seed, out=out or Path("var/experiment") / when, nodes=experiment_nodes(loaded, nodes),
                    sites=sites, overrides=dict(overrides or {}), sample_interval=sample_interval, prefix=prefix,
-                   database=database)
+                   database=database, sim=sim, repeat=repeat)
 
 
 def virtual_tasks(sites: Sequence[str]) -> list[dict[str, Any]]:

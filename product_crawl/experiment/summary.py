@@ -23,6 +23,7 @@ SUMMARY_VERSION = 1
 GOAL_VS_SHARED = 1.5  # dynamic must collect at least this many times shared's unique items
 GOAL_VS_ORACLE = 0.9  # ... and at least this share of what the oracle collects
 GOAL_SUITED = 0.8  # ... and each node must spend at least this share of its late pages on sites it suits
+GOAL_VS_BEST = 0.8  # ... and at least this share of the best possible (the computed upper bound)
 
 
 def _ratio(a: float | None, b: float | None) -> float | None:
@@ -151,13 +152,48 @@ def gains(runs: dict[str, dict[str, Any]], node_ids: Sequence[str]) -> dict[str,
     return out
 
 
-def summarize(raws: dict[str, dict[str, Any]], opts: Options, totals: dict[str, dict[str, int]]) -> dict[str, Any]:
-    """The whole ``summary.json`` object."""
+def quantiles(values: Sequence[float]) -> dict[str, float] | None:
+    """min, 10th percentile, median, 90th percentile and max of ``values`` (nearest rank).
+
+    >>> quantiles([3, 1, 2, 5, 4])
+    {'min': 1, 'p10': 1, 'median': 3, 'p90': 5, 'max': 5, 'n': 5}
+    """
+    v = sorted(values)
+    if not v:
+        return None
+    at = lambda q: v[min(len(v) - 1, int(q * len(v)))]  # noqa: E731
+    return {"min": v[0], "p10": at(0.1), "median": at(0.5), "p90": at(0.9), "max": v[-1], "n": len(v)}
+
+
+def distribution(repeats: dict[str, list[int]], best: int) -> dict[str, Any]:
+    """Per configuration, over the simulated seeds: unique items, and ratios to the best possible and to
+    ``shared`` and ``oracle`` of the same seed."""
+    out: dict[str, Any] = {}
+    for name, items in repeats.items():
+        entry: dict[str, Any] = {"unique_items": quantiles(items),
+                                 "vs_best": quantiles([round(i / best, 4) for i in items]) if best else None}
+        for other in ("shared", "oracle", "paper"):
+            if other in repeats and other != name:
+                entry[f"vs_{other}"] = quantiles([round(a / b, 4) for a, b in zip(items, repeats[other], strict=False)
+                                                  if b])
+        out[name] = entry
+    return out
+
+
+def summarize(raws: dict[str, dict[str, Any]], opts: Options, totals: dict[str, dict[str, int]],
+              repeats: dict[str, list[int]] | None = None) -> dict[str, Any]:
+    """The whole ``summary.json`` object (``repeats``: unique items per simulated seed, per configuration)."""
+    from product_crawl.experiment.sim import best_possible
+
     corpus_total = sum(v for per_site in totals.values() for v in per_site.values())
     runs = {name: summarize_run(raw, opts, corpus_total) for name, raw in raws.items()}
+    best = best_possible(opts, totals)
+    for run in runs.values():
+        run["vs_best"] = _ratio(run["unique_items"], best["items"])
     items = {name: r["unique_items"] for name, r in runs.items()}
     vs_shared = _ratio(items.get("dynamic"), items.get("shared"))
     vs_oracle = _ratio(items.get("dynamic"), items.get("oracle"))
+    vs_best = _ratio(items.get("dynamic"), best["items"])
     suited = [n["suited_share"] for n in runs["dynamic"]["nodes"].values()] if "dynamic" in runs else []
     converged = None if not suited or None in suited else all(v >= GOAL_SUITED for v in suited)
     return {
@@ -173,11 +209,16 @@ def summarize(raws: dict[str, dict[str, Any]], opts: Options, totals: dict[str, 
         "corpus": {"total": corpus_total, "per_query": totals},
         "settings": {**CLUSTER_SETTINGS, **opts.overrides},
         "runs": runs,
-        "ratios": {"dynamic_vs_shared": vs_shared, "dynamic_vs_oracle": vs_oracle},
+        "simulated": opts.sim,
+        "best_possible": best,
+        "ratios": {"dynamic_vs_shared": vs_shared, "dynamic_vs_oracle": vs_oracle, "dynamic_vs_best": vs_best,
+                   "oracle_vs_best": _ratio(items.get("oracle"), best["items"])},
+        "distribution": distribution(repeats, best["items"]) if repeats and opts.repeat > 1 else None,
         "goals": {
             f"dynamic_vs_shared>={GOAL_VS_SHARED}": None if vs_shared is None else vs_shared >= GOAL_VS_SHARED,
             f"dynamic_vs_oracle>={GOAL_VS_ORACLE}": None if vs_oracle is None else vs_oracle >= GOAL_VS_ORACLE,
             f"dynamic_suited_share>={GOAL_SUITED}": converged,
+            f"dynamic_vs_best>={GOAL_VS_BEST}": None if vs_best is None else vs_best >= GOAL_VS_BEST,
         },
         "gains": gains(runs, [n.id for n in opts.nodes]),
     }

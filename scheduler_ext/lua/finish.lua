@@ -12,8 +12,8 @@ finish: end a leased subtask: run record, aggregates, moving estimates, report. 
   KEYS[9]  nodeCountKey   count:node:<node> (stale_finish)
   KEYS[10] progressKey    progress
   KEYS[11] aggTriplesKey  agg:triples set
-  KEYS[12] estSiteKey     est:site:<site>, a field per node {c, spp, runs, last}
-  KEYS[13] estGroupKey    est:gs:<product>|<site>, a field per node {spp, runs, last}
+  KEYS[12] estSiteKey     est:site:<site>, a field per node {c, spp, runs, last, n, pg, got, sec}
+  KEYS[13] estGroupKey    est:gs:<product>|<site>, a field per node {spp, runs, last, n, pg, got, sec}
   KEYS[14] estDirtyKey    est:dirty: set of the estimates changed since the control last read them
   KEYS[15] estGroupsKey   est:groups: set of the "<product>|<site>" pairs that have an est:gs hash
 
@@ -67,6 +67,28 @@ end
 -- The moving estimates (recent runs weigh more): one hash per site and one per (product, site), a field per
 -- node, so that the control reads every node's figures for a site in one command.
 local function ewma(old, x) if old then return old + alpha * (x - old) end return x end
+-- The bandit's sums (scheduler_ext/strategies/posterior.py, update_sums, does the same): pages attempted (the page
+-- that failed a run included), page-equivalents collected, seconds of every outcome, runs; older runs weigh
+-- (1 - alpha) less with each new run.
+local keep = 1 - alpha
+local attempted = pages + (ok and 0 or 1)
+local got = 0
+if pages > 0 and offered > 0 then got = pages * math.min(1, collected / offered)
+elseif pages > 0 and collected > 0 then got = pages end
+local function sums(e)
+  local n, pg, gt, sec = tonumber(e.n) or 0, tonumber(e.pg) or 0, tonumber(e.got) or 0, tonumber(e.sec) or 0
+  local k = keep
+  -- A change point (posterior.py, changed): the run is more than 3 binomial standard deviations off the pair's
+  -- share over at least 3 pages attempted; the sums restart from this run.
+  if attempted >= 3 and pg > 0 then
+    local share = math.min(0.98, math.max(0.02, (gt + 0.5) / (pg + 1)))
+    if math.abs(got - attempted * share) > 3 * math.sqrt(attempted * share * (1 - share)) then k = 0 end
+  end
+  e.n = k * n + 1
+  e.pg = k * pg + attempted
+  e.got = k * gt + got
+  e.sec = k * sec + math.max(0, seconds)
+end
 local function estimate(key, withCompletion)
   local old = redis.call('HGET', key, node)
   local okOld, e = pcall(cjson.decode, old or '')
@@ -77,6 +99,7 @@ local function estimate(key, withCompletion)
     if offered > 0 then e.c = ewma(tonumber(e.c), collected / offered) elseif not ok then e.c = ewma(tonumber(e.c), 0) end
   end
   if ok and pages > 0 then e.spp = ewma(tonumber(e.spp), seconds / pages) end
+  sums(e)
   redis.call('HSET', key, node, cjson.encode(e))
 end
 estimate(estSiteKey, true)

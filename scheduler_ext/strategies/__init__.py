@@ -8,13 +8,16 @@ from __future__ import annotations
 
 import abc
 import enum
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ..defaults import setting
 from ..exceptions import ConfigurationError
 from ..models import Report, Subtask
+
+if TYPE_CHECKING:
+    from .posterior import Sums
 
 
 @dataclass(frozen=True)
@@ -53,6 +56,17 @@ class Estimates(Protocol):
 
     def seconds_per_page(self, group: str, site: str, node: str) -> Estimate | None:
         """Crawl seconds per page of ``node`` for this product on ``site``; falls back to the site's figure."""
+
+
+class EstimateSums(Estimates, Protocol):
+    """Estimates that also give the sums behind them, from which the bandit builds its posteriors
+    (:mod:`scheduler_ext.strategies.posterior`). A store without them still serves the paper's strategies."""
+
+    def site_sums(self, site: str) -> Mapping[str, Sums]:
+        """Node -> sums of every node that ran on ``site`` (every product)."""
+
+    def group_sums(self, group: str, site: str) -> Mapping[str, Sums]:
+        """Node -> sums of every node that ran this product on ``site``."""
 
 
 class Allocation(abc.ABC):

@@ -1,0 +1,135 @@
+"""Scheduling quality at scale, on the cluster simulator: bandit vs the paper's strategies vs a FIFO queue vs the best
+possible, on generated families of profiles (scheduler_ext/sim/families.py), with the distribution of the ratios.
+
+    python benchmarks/bench_quality.py [--nodes 12] [--sites 8] [--products 4] [--duration 300] [--seeds 5]
+                                       [--families all] [--scale] [--out benchmarks/results/bench_quality.json]
+
+For every family and seed: one generated world, each configuration of scheduler_ext.sim.configs simulated on it
+(same tasks, same seed), and the bound (scheduler_ext.sim.bound). Reported per family: quantiles over seeds of
+items / best possible, bandit / paper, bandit / fifo, and for the families where pairs turn good, the delay from a
+pair turning good to its first run (only pairs that the best schedule uses once they are good).
+
+``--scale`` also times one bandit run of 1,000 nodes x 200 sites x 10,000 products (``--scale-duration`` simulated
+seconds, default 600) and extrapolates to a simulated day.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from scheduler_ext.sim import Simulation, TaskSpec  # noqa: E402
+from scheduler_ext.sim.bound import SiteWork, best_possible  # noqa: E402
+from scheduler_ext.sim.configs import CONFIGS  # noqa: E402
+from scheduler_ext.sim.families import FAMILIES, GeneratedWorld, generate  # noqa: E402
+
+
+def quantiles(values: list[float]) -> dict[str, float] | None:
+    v = sorted(values)
+    if not v:
+        return None
+    at = lambda q: round(v[min(len(v) - 1, int(q * len(v)))], 3)  # noqa: E731
+    return {"min": round(v[0], 3), "p10": at(0.1), "median": at(0.5), "p90": at(0.9), "max": round(v[-1], 3),
+            "n": len(v)}
+
+
+def tasks_for(world: GeneratedWorld, products: int, seed: int):  # type: ignore[no-untyped-def]
+    rng = random.Random(seed)
+    sizes = {(p, s): rng.randint(3000, 30000) for p in range(products) for s in world.sites}
+    return lambda: (TaskSpec(f"p{p}", s, sizes[(p, s)]) for p in range(products) for s in world.sites)
+
+
+def one_world(family: str, args: argparse.Namespace, seed: int) -> dict[str, Any]:
+    world = generate(family, nodes=args.nodes, sites=args.sites, duration=args.duration, seed=seed)
+    tasks = tasks_for(world, args.products, seed)
+    specs = list(tasks())
+    work = {s: SiteWork(0, sum(1 for t in specs if t.site == s), sum(t.results for t in specs if t.site == s))
+            for s in world.sites}
+    best = best_possible(world, world.nodes, work, args.duration)
+    bound = best["items"]
+    # The pairs that turn good *and* that the best schedule then uses: those a scheduler must find.
+    starts = [p[0] for p in best["phases"]]
+    needed = [(n, s, when) for n, s, when in world.turned_good()
+              if when in starts and best["assignments"][starts.index(when)].get(n) == s]
+    out: dict[str, Any] = {"bound": bound, "items": {}, "delays": {}}
+    for name, make in CONFIGS.items():
+        allocation, modification, recall = make(seed)
+        raw = Simulation(world, world.nodes, tasks(), allocation=allocation, modification=modification,
+                         recall=recall, duration=args.duration, seed=seed, sample_interval=30).run()
+        out["items"][name] = raw["samples"][-1]["items"]
+        delays = []
+        for node, site, when in needed:
+            starts = [t for t in raw["first_use"].get(f"{node}|{site}", []) if t >= when]
+            delays.append(starts[0] - when if starts else args.duration - when)
+        out["delays"][name] = delays
+    return out
+
+
+def scale(args: argparse.Namespace) -> dict[str, Any]:
+    world = generate("specialists", nodes=1000, sites=200, duration=args.scale_duration, seed=0)
+    rng = random.Random(0)
+    tasks = (TaskSpec(f"p{p}", s, rng.randint(3000, 30000)) for p in range(10_000) for s in world.sites)
+    allocation, modification, recall = CONFIGS["bandit"](0)
+    sim = Simulation(world, world.nodes, tasks, allocation=allocation, modification=modification, recall=recall,
+                     duration=args.scale_duration, tick=1.0, seed=0, pair_samples=False, sample_interval=60)
+    started = time.monotonic()
+    raw = sim.run()
+    wall = time.monotonic() - started
+    return {"nodes": 1000, "sites": 200, "products": 10_000, "simulated_seconds": args.scale_duration,
+            "wall_seconds": round(wall, 1), "subtasks": raw["allocated"], "items": raw["samples"][-1]["items"],
+            "simulated_seconds_per_wall_second": round(args.scale_duration / wall, 2),
+            "day_extrapolated_minutes": round(86400 / (args.scale_duration / wall) / 60, 1)}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--nodes", type=int, default=12)
+    p.add_argument("--sites", type=int, default=8)
+    p.add_argument("--products", type=int, default=4)
+    p.add_argument("--duration", type=float, default=300.0)
+    p.add_argument("--seeds", type=int, default=5)
+    p.add_argument("--families", default="all")
+    p.add_argument("--scale", action="store_true")
+    p.add_argument("--scale-duration", type=float, default=600.0)
+    p.add_argument("--out", type=Path, default=Path("benchmarks/results/bench_quality.json"))
+    args = p.parse_args()
+    families = FAMILIES if args.families == "all" else tuple(args.families.split(","))
+    result: dict[str, Any] = {"settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+                              "families": {}}
+    for family in families:
+        started = time.monotonic()
+        worlds = [one_world(family, args, seed) for seed in range(args.seeds)]
+        names = list(CONFIGS)
+        summary: dict[str, Any] = {
+            "vs_best": {n: quantiles([w["items"][n] / w["bound"] for w in worlds]) for n in names},
+            "bandit_vs_paper": quantiles([w["items"]["bandit"] / w["items"]["paper"] for w in worlds]),
+            "bandit_vs_fifo": quantiles([w["items"]["bandit"] / w["items"]["fifo"] for w in worlds]),
+            "paper_vs_fifo": quantiles([w["items"]["paper"] / w["items"]["fifo"] for w in worlds]),
+            "seconds": round(time.monotonic() - started, 1),
+        }
+        delays = {n: [d for w in worlds for d in w["delays"][n]] for n in names}
+        if any(delays.values()):
+            summary["delay_to_use_good_pair"] = {n: quantiles(d) for n, d in delays.items()}
+        result["families"][family] = summary
+        vb = summary["vs_best"]
+        print(f"{family:12s} vs best (median) " + "  ".join(f"{n} {vb[n]['median']:.2f}" for n in names)
+              + f"   bandit/paper {summary['bandit_vs_paper']['median']:.2f} "
+              f"[{summary['bandit_vs_paper']['min']:.2f}..{summary['bandit_vs_paper']['max']:.2f}]"
+              f"   bandit/fifo {summary['bandit_vs_fifo']['median']:.2f}   ({summary['seconds']} s)", flush=True)
+    if args.scale:
+        result["scale"] = scale(args)
+        print("scale:", result["scale"])
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=1), encoding="utf-8")
+    print(f"written {args.out}")
+
+
+if __name__ == "__main__":
+    main()

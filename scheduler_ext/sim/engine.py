@@ -1,0 +1,438 @@
+"""The discrete-event simulation of a cluster: nodes crawl subtasks, a control ticks, time is simulated.
+
+What is simulated, and how (docs/strategies.md, "The simulator", gives the calibration):
+
+* **Tasks.** Each :class:`TaskSpec` is one (product, site) query with ``results`` results (pages of
+  ``PAGE_SIZE``). Tasks enter the waiting set in order, with their sequence number as priority, as the splitter makes
+  them; the control's allocation only ever sees the window of the lowest priorities, so tasks are created lazily,
+  just before they could enter that window (the result is the same as creating them all at once, without the
+  memory).
+* **The control** is the real one's decision step: every ``tick`` seconds the simulator builds the
+  :class:`~scheduler_ext.control.Snapshot` the control would read (reports, failures, their tasks, the work of
+  nodes that left once it is older than the recall age, the live nodes with their free slots, the window of
+  waiting subtasks), calls :func:`scheduler_ext.control.decide` with the strategies, and applies the decisions'
+  writes to its state. Modification, recall and allocation are therefore decided by the same code as in a real
+  cluster; only reading and applying are the simulator's.
+* **A node** takes the next subtask of its crawl queue when it is idle (at once after a finish, else at its next
+  refill poll). Its pages run ``concurrency`` at a time; each page waits its latency, then is an HTTP error, a captcha
+  or a page that serves each of its results with probability ``share``. The first failed page ends the subtask
+  (pages not yet started are dropped, as the node's middleware drops them); the time limit drops the pages it cuts.
+  The subtask lasts ``overhead`` plus the longer of the network time and the node's CPU time (``page_cpu`` per page,
+  ``item_cpu`` per item stored).
+* **Estimates** are updated at each finish exactly as ``lua/finish.lua`` updates them
+  (:class:`~scheduler_ext.sim.estimates.MemoryEstimates`).
+
+:meth:`Simulation.run` returns the same raw record a real experiment run produces (samples of unique items and of
+the per-(node, site) counters, items per node, web counters, node counters), so the experiment's summary and report
+are computed from either by the same code.
+"""
+
+from __future__ import annotations
+
+import bisect
+import heapq
+import math
+import random
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..control import CountingIds, Decision, Entry, Snapshot, Strategies, decide
+from ..keys import Keys
+from ..models import Report, Subtask, Task
+from ..strategies import Allocation, Modification, NodeView, Recall
+from .estimates import MemoryEstimates
+from .world import PAGE_SIZE, World
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    group: str
+    site: str
+    results: int  # what the engine reports: the task has ceil(results / PAGE_SIZE) pages
+    type: int = 0
+
+
+@dataclass
+class SimNode:
+    """A simulated crawl node: ``joins`` / ``leaves`` (seconds) model nodes joining and leaving the cluster."""
+
+    id: str
+    types: tuple[int, ...] = (0,)
+    prefetch: int = 1
+    joins: float = 0.0
+    leaves: float = math.inf
+    address: str | None = None
+
+
+@dataclass(frozen=True)
+class NodeModel:
+    """The costs of a node's machinery (calibrated against real runs on this machine: docs/strategies.md)."""
+
+    concurrency: int = 8  # pages of one subtask in flight at once (Scrapy's per-domain concurrency)
+    overhead: float = 0.2  # seconds per subtask: take, first request, finish script, report
+    page_cpu: float = 0.015  # node seconds per page served (parse)
+    item_cpu: float = 0.002  # node seconds per item stored
+    refill_interval: float = 0.5  # seconds between an idle node's polls of its crawl queue
+
+
+@dataclass
+class _Run:
+    st: Subtask
+    node: str
+    started: float
+
+
+@dataclass
+class _TaskState:
+    task: Task
+    total_pages: int
+    results: int
+    collected_pages: dict[int, int] = field(default_factory=dict)
+
+
+class Simulation:
+    """One simulated run of one configuration. Build, then :meth:`run`."""
+
+    def __init__(self, world: World, nodes: Sequence[SimNode], tasks: Iterable[TaskSpec], *,
+                 allocation: Allocation, modification: Modification, recall: Recall, duration: float,
+                 tick: float = 0.5, page_limit: int = 5, time_limit: float = 30.0,
+                 alpha: float = 0.3, recall_age: float | None = None, model: NodeModel | None = None,
+                 sample_interval: float = 3.0, seed: int = 0, pair_samples: bool = True,
+                 on_sample: Callable[[dict[str, Any]], None] | None = None) -> None:
+        self.world, self.nodes = world, {n.id: n for n in nodes}
+        self.allocation, self.modification, self.recall = allocation, modification, recall
+        self.duration, self.tick = duration, tick
+        self.page_limit, self.time_limit = page_limit, time_limit
+        self.recall_age = recall.threshold if recall_age is None else recall_age
+        self.strategies = Strategies(allocation, modification, recall, page_limit=page_limit, time_limit=time_limit,
+                                     recall_age=self.recall_age)
+        self.keys = Keys("{sim}")
+        self._crawl_key, self._counts_key = self.keys.crawl(""), self.keys.node_counters("")
+        self.ids = CountingIds()
+        self._taken: set[str] = set()
+        self.model = model or NodeModel()
+        self.sample_interval, self.pair_samples, self.on_sample = sample_interval, pair_samples, on_sample
+        self.rng = random.Random(seed)
+        self.estimates = MemoryEstimates(alpha)
+        self._source: Iterator[TaskSpec] = iter(tasks)
+        self._source_left = True
+        self._seq = 0
+        self._events: list[tuple[float, int, str, Any]] = []
+        self.now = 0.0
+        # scheduling state (the Redis keys of docs/redis-keys.md, in memory)
+        self.tasks: dict[str, _TaskState] = {}
+        self.waiting: list[tuple[float, int, str]] = []  # (priority, id, ...) sorted
+        self.subtasks: dict[str, Subtask] = {}
+        self.queues: dict[str, list[Subtask]] = {n: [] for n in self.nodes}
+        self.running: dict[str, _Run | None] = dict.fromkeys(self.nodes)
+        self.reports: list[Report] = []
+        self.failures: list[Report] = []
+        self.lost: list[tuple[float, Subtask]] = []  # (when the control notices, subtask) of nodes that left
+        self.polling: set[str] = set()
+        self._pending_pages: dict[str, dict[int, int]] = {}  # subtask id -> page -> results collected
+        # measurements
+        self.unique = 0
+        self.items_by_node: dict[str, int] = dict.fromkeys(self.nodes, 0)
+        self.pairs: dict[str, list[float]] = {}  # "node|site" -> [offered, collected, runs, pages]
+        self.web: dict[str, dict[str, int]] = {}
+        self.counts: dict[str, dict[str, int]] = {n: {} for n in self.nodes}
+        self.samples: list[dict[str, Any]] = []
+        self.tasks_made = 0
+        self.busy: dict[str, float] = {}  # node -> seconds spent crawling
+        self.tasks_done = 0
+        self.allocated = 0
+        self.first_use: dict[tuple[str, str], list[float]] = {}  # (node, site) -> start times of its runs
+
+    # --- events ---------------------------------------------------------------------------------------------------
+    def _at(self, t: float, kind: str, payload: Any = None) -> None:
+        self._seq += 1
+        heapq.heappush(self._events, (t, self._seq, kind, payload))
+
+    def _id(self) -> str:
+        return self.ids.take(1)[0]
+
+    def _count(self, node: str, name: str, n: int = 1) -> None:
+        c = self.counts.setdefault(node, {})
+        c[name] = c.get(name, 0) + n
+
+    def live(self, nid: str) -> bool:
+        n = self.nodes[nid]
+        return n.joins <= self.now < n.leaves
+
+    def run(self) -> dict[str, Any]:
+        """Simulate ``duration`` seconds; the raw record (see the module doc)."""
+        self._at(0.0, "tick")
+        self._at(0.0, "sample")
+        for n in self.nodes.values():
+            if n.leaves < self.duration:
+                self._at(n.leaves, "leave", n.id)
+        while self._events:
+            t, _, kind, payload = heapq.heappop(self._events)
+            if t > self.duration:
+                break
+            self.now = t
+            if kind == "finish":
+                self._finish(payload)
+            elif kind == "tick":
+                self._tick()
+                self._at(t + self.tick, "tick")
+            elif kind == "poll":
+                self.polling.discard(payload)
+                self._take(payload)
+            elif kind == "sample":
+                self._sample()
+                if t < self.duration:
+                    self._at(min(t + self.sample_interval, self.duration), "sample")
+            elif kind == "leave":
+                self._leave(payload)
+        if not self.samples or self.samples[-1]["t"] < self.duration:
+            self.now = self.duration
+            self._sample()
+        return self.record()
+
+    # --- tasks ------------------------------------------------------------------------------------------------------
+    def _fill(self, want: int) -> None:
+        """Make tasks from the source until ``want`` subtasks wait (or the source is empty)."""
+        while self._source_left and len(self.waiting) < want:
+            spec = next(self._source, None)
+            if spec is None:
+                self._source_left = False
+                return
+            tid = self._id()
+            task = Task(id=tid, site=spec.site, group=spec.group, type=spec.type, priority=float(self.tasks_made),
+                        page_limit=self.page_limit, time_limit=self.time_limit)
+            self.tasks_made += 1
+            pages = max(1, math.ceil(spec.results / PAGE_SIZE))
+            self.tasks[tid] = _TaskState(task, pages, spec.results)
+            self._wait(Subtask(id=self._id(), task=tid, site=spec.site, group=spec.group, type=spec.type,
+                               priority=task.priority, first_page=0, page_limit=self.page_limit,
+                               time_limit=self.time_limit, since=self.now))
+
+    def _wait(self, st: Subtask) -> None:
+        self.subtasks[st.id] = st
+        bisect.insort(self.waiting, (st.priority, int(st.id), st.id))
+
+    # --- the control ----------------------------------------------------------------------------------------------
+    def _tick(self) -> None:
+        """One control tick: the snapshot the control would read, its own :func:`decide`, the writes applied."""
+        nodes = self.live_nodes()
+        total_free = sum(n.free for n in nodes)
+        size = self.strategies.window(total_free) if total_free else 0
+        self._fill(size)
+        k = self.keys
+        reports, self.reports = self.reports, []
+        failures, self.failures = self.failures, []
+        stale: list[tuple[str, str | None]] = []
+        while self.lost and self.lost[0][0] <= self.now:
+            _, st = self.lost.pop(0)
+            stale.append((st.id, st.to_json()))
+        tids = {r.subtask.task for r in (*reports, *failures)}
+        snap = Snapshot(
+            keys=k, now=self.now, estimates=self.estimates, ids=self.ids,
+            reports=[Entry(k.sleeping, raw, len(raw)) for raw in (r.to_json() for r in reports)],
+            failures=[Entry(k.failed, raw, len(raw)) for raw in (r.to_json() for r in failures)],
+            tasks={tid: self.tasks[tid].task.to_json() if tid in self.tasks else None for tid in tids},
+            stale=stale, nodes=nodes,
+            waiting=[(sid, self.subtasks[sid].to_json()) for _, _, sid in self.waiting[:size]])
+        for decision in decide(snap, self.strategies, self.now):
+            self._apply(decision)
+        if self._taken:
+            self.waiting = [w for w in self.waiting if w[2] not in self._taken]
+            self._taken.clear()
+
+    def _apply(self, decision: Decision) -> None:
+        """Apply one decision's writes to the simulated state (its guards hold: nothing runs between the steps)."""
+        k = self.keys
+        records: dict[str, str] = {}
+        for w in decision.writes:
+            op, key = w[0], w[1]
+            if op == "hset" and key == k.subtasks:
+                records[w[2]] = w[3]
+            elif op == "hset" and key == k.tasks:
+                task = Task.from_json(w[3])
+                state = self.tasks.get(task.id)
+                if state is not None:
+                    state.task = task
+                    if task.done:
+                        self.tasks_done += 1
+                        del self.tasks[task.id]  # nothing refers to it any more: memory stays bounded at scale
+            elif op == "zadd" and key == k.waiting:
+                self._wait(Subtask.from_json(records[w[3]]))
+            elif op == "lpush" and key.startswith(self._crawl_key):
+                self._queue(key[len(self._crawl_key):], Subtask.from_json(w[2]))
+            elif op == "hincrby" and key.startswith(self._counts_key):
+                self._count(key[len(self._counts_key):], w[2], int(w[3]))
+        if decision.kind == "allocate":
+            self.allocated += 1
+            self._taken.add(decision.subject)
+            self.subtasks.pop(decision.subject, None)
+
+    def live_nodes(self) -> list[NodeView]:
+        return [NodeView(id=n.id, types=list(n.types), address=n.address,
+                         free=max(0, n.prefetch - len(self.queues[n.id])))
+                for n in self.nodes.values() if self.live(n.id)]
+
+    def _queue(self, nid: str, st: Subtask) -> None:
+        self.queues[nid].append(st)
+        if self.running[nid] is None and nid not in self.polling:
+            self.polling.add(nid)
+            self._at(self.now + self.rng.uniform(0, self.model.refill_interval), "poll", nid)
+
+    # --- the nodes --------------------------------------------------------------------------------------------------
+    def _take(self, nid: str) -> None:
+        if not self.live(nid) or self.running[nid] is not None or not self.queues[nid]:
+            return
+        st = self.queues[nid].pop(0)
+        self.running[nid] = run = _Run(st, nid, self.now)
+        if self.pair_samples:
+            self.first_use.setdefault((nid, st.site), []).append(self.now)
+        report, ended = self._crawl(run)
+        self._at(ended, "finish", (run, report))
+
+    def _crawl(self, run: _Run) -> tuple[Report, float]:
+        """Crawl ``run``'s pages now; the report and the time the node finishes it."""
+        st, m, rng = run.st, self.model, self.rng
+        state = self.tasks.get(st.task)
+        total_pages = state.total_pages if state else st.first_page + st.page_limit
+        results = state.results if state else total_pages * PAGE_SIZE
+        b = self.world.behaviour(run.node, st.site, run.started)
+        t0 = run.started + m.overhead / 2
+        deadline = run.started + st.time_limit
+        slots = [t0] * max(1, m.concurrency)
+        failed_at = math.inf
+        done: dict[int, int] = {}
+        offered = collected = errors = blocked = requests = 0
+        failed_page: int | None = None
+        timed_out = False
+        last_end = t0
+        reason = ""
+        for page in range(st.first_page, min(st.first_page + st.page_limit, total_pages)):
+            start = heapq.heappop(slots)
+            if start >= failed_at:  # the subtask already failed: pages not started are dropped
+                heapq.heappush(slots, start)
+                break
+            if start >= deadline:
+                timed_out = True
+                heapq.heappush(slots, start)
+                break
+            end = start + max(0.0, b.latency + (rng.uniform(-b.spread, b.spread) if b.spread else 0.0))
+            heapq.heappush(slots, end)
+            if end > deadline:
+                timed_out = True
+                continue
+            requests += 1
+            last_end = max(last_end, end)
+            draw = rng.random()
+            if draw < b.error_rate + b.block_rate:
+                if draw < b.error_rate:
+                    errors += 1
+                    why = "HTTP 503"
+                else:
+                    blocked += 1
+                    why = "blocked: a verification page"
+                if end < failed_at:
+                    failed_at, failed_page, reason = end, page, why
+                continue
+            shown = min(PAGE_SIZE, results - page * PAGE_SIZE)
+            got = _binomial(rng, shown, b.share)
+            done[page] = got
+            offered += shown
+            collected += got
+        cpu = len(done) * m.page_cpu + collected * m.item_cpu
+        ended = run.started + m.overhead + max(last_end - t0, cpu)
+        if failed_page is not None:
+            ended = min(ended, max(failed_at, run.started + m.overhead + cpu))
+        ended = min(ended, deadline + m.overhead)
+        stats = self.web.setdefault(run.node, {"requests": 0, "error": 0, "blocked": 0})
+        stats["requests"] += requests
+        stats["error"] += errors
+        stats["blocked"] += blocked
+        rng_pages = range(st.first_page, st.first_page + st.page_limit)
+        next_page = next((p for p in rng_pages if p not in done), st.first_page + st.page_limit)
+        exhausted = (total_pages - 1) in done
+        if failed_page is not None:
+            outcome = "failed"
+        elif exhausted or next_page >= st.first_page + st.page_limit:
+            outcome = "done"
+        else:
+            outcome = "timeout" if timed_out or next_page < total_pages else "done"
+        report = Report(subtask=st, node=run.node, outcome=outcome, reason=reason, reported=results,
+                        offered=offered, collected=collected, pages=len(done), next_page=next_page,
+                        exhausted=exhausted, total_pages=total_pages, started=run.started, ended=ended)
+        self._pending_pages[st.id] = done
+        return report, ended
+
+    def _finish(self, payload: tuple[_Run, Report]) -> None:
+        run, report = payload
+        nid, st = run.node, run.st
+        if self.running.get(nid) is not run:
+            return
+        self.running[nid] = None
+        self.busy[nid] = self.busy.get(nid, 0.0) + self.now - run.started
+        done = self._pending_pages.pop(st.id, {})
+        if not self.live(nid):
+            return
+        state = self.tasks.get(st.task)
+        new = 0
+        if state is not None:
+            for page, got in done.items():
+                old = state.collected_pages.get(page, 0)
+                if got > old:
+                    new += got - old
+                    state.collected_pages[page] = got
+        self.unique += new
+        self.items_by_node[nid] = self.items_by_node.get(nid, 0) + new
+        pair = self.pairs.setdefault(f"{nid}|{st.site}", [0, 0, 0, 0])
+        pair[0] += report.offered
+        pair[1] += report.collected
+        pair[2] += 1
+        pair[3] += report.pages
+        self.estimates.finish(site=st.site, group=st.group, node=nid, offered=report.offered,
+                              collected=report.collected, pages=report.pages, seconds=report.seconds, ok=report.ok,
+                              now=self.now)
+        (self.reports if report.ok else self.failures).append(report)
+        self._take(nid)
+
+    def _leave(self, nid: str) -> None:
+        notice = self.now + self.recall_age
+        run = self.running.get(nid)
+        if run is not None:
+            self.running[nid] = None
+            self._pending_pages.pop(run.st.id, None)
+            self.lost.append((notice, run.st))
+        for st in self.queues[nid]:
+            self.lost.append((notice, st))
+        self.queues[nid] = []
+        self.lost.sort(key=lambda x: x[0])
+
+    # --- measurements -----------------------------------------------------------------------------------------------
+    def _sample(self) -> None:
+        est = self.estimates.sites
+        pairs = {}
+        if self.pair_samples:
+            for key, (o, c, r, p) in self.pairs.items():
+                nid, site = key.split("|", 1)
+                e = est.get(site, {}).get(nid)
+                pairs[key] = [int(o), int(c), int(r), int(p), None if e is None else e.c]
+        s = {"t": round(min(self.now, self.duration), 2), "items": self.unique, "waiting": len(self.waiting),
+             "tasks": self.tasks_made, "tasks_done": self.tasks_done,
+             "pairs": pairs}
+        self.samples.append(s)
+        if self.on_sample is not None:
+            self.on_sample(s)
+
+    def record(self) -> dict[str, Any]:
+        return {"samples": self.samples, "items_by_node": dict(self.items_by_node),
+                "web": {"by_address": {(self.nodes[n].address or n): v for n, v in self.web.items()}},
+                "status": {"nodes": [{"id": n, "counts": c} for n, c in self.counts.items()]},
+                "allocated": self.allocated, "busy": {n: round(b, 2) for n, b in self.busy.items()},
+                "first_use": {f"{n}|{s}": v for (n, s), v in self.first_use.items()}}
+
+
+def _binomial(rng: random.Random, n: int, p: float) -> int:
+    if n <= 0 or p <= 0:
+        return 0
+    if p >= 1:
+        return n
+    return sum(1 for _ in range(n) if rng.random() < p)

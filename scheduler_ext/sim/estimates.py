@@ -1,0 +1,84 @@
+"""The estimate hashes of the finish script, in memory: the same updates as ``lua/finish.lua``.
+
+``est:site:<site>`` becomes ``sites[site][node]`` and ``est:gs:<product>|<site>`` becomes ``groups[(product,
+site)][node]``; each entry holds the paper's moving estimates (``c``, ``spp``, ``runs``, ``last``) and the bandit's
+sums (:func:`scheduler_ext.strategies.posterior.update_sums`). tests/test_sim.py checks the two agree with the Lua on
+a real Redis.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from ..strategies import Estimate
+from ..strategies.posterior import Sums, update_sums
+
+
+@dataclass(frozen=True)
+class Entry:
+    c: float | None = None
+    spp: float | None = None
+    runs: int = 0
+    last: float = 0.0
+    sums: Sums | None = None
+
+
+def _ewma(old: float | None, x: float, alpha: float) -> float:
+    return x if old is None else old + alpha * (x - old)
+
+
+def updated(e: Entry | None, *, offered: int, collected: int, pages: int, seconds: float, ok: bool, alpha: float,
+            now: float, with_completion: bool) -> Entry:
+    """The entry after one finished run, as ``finish.lua`` computes it."""
+    e = e or Entry()
+    c = e.c
+    if with_completion:
+        if offered > 0:
+            c = _ewma(c, collected / offered, alpha)
+        elif not ok:
+            c = _ewma(c, 0.0, alpha)
+    spp = _ewma(e.spp, seconds / pages, alpha) if ok and pages > 0 else e.spp
+    sums = update_sums(e.sums, pages_done=pages, failed_pages=0 if ok else 1, offered=offered, collected=collected,
+                       seconds=seconds, alpha=alpha, now=now)
+    return replace(e, c=c, spp=spp, runs=e.runs + 1, last=now, sums=sums)
+
+
+class MemoryEstimates:
+    """The Estimates protocol (and the bandit's sums) over in-memory estimate entries."""
+
+    def __init__(self, alpha: float = 0.3) -> None:
+        self.alpha = alpha
+        self.sites: dict[str, dict[str, Entry]] = {}
+        self.groups: dict[tuple[str, str], dict[str, Entry]] = {}
+        self._site_sums: dict[str, dict[str, Sums]] = {}
+        self._group_sums: dict[tuple[str, str], dict[str, Sums]] = {}
+
+    def finish(self, *, site: str, group: str, node: str, offered: int, collected: int, pages: int,
+               seconds: float, ok: bool, now: float) -> None:
+        def update(entries: dict[str, Entry], sums: dict[str, Sums], with_completion: bool) -> None:
+            e = entries[node] = updated(entries.get(node), offered=offered, collected=collected, pages=pages,
+                                        seconds=seconds, ok=ok, alpha=self.alpha, now=now,
+                                        with_completion=with_completion)
+            assert e.sums is not None  # updated() always sets them
+            sums[node] = e.sums
+
+        update(self.sites.setdefault(site, {}), self._site_sums.setdefault(site, {}), True)
+        update(self.groups.setdefault((group, site), {}), self._group_sums.setdefault((group, site), {}), False)
+
+    # --- the Estimates protocol -------------------------------------------------------------------------------------
+    def completion(self, site: str, node: str) -> Estimate | None:
+        e = self.sites.get(site, {}).get(node)
+        return None if e is None or e.c is None else Estimate(e.c, e.runs, e.last)
+
+    def seconds_per_page(self, group: str, site: str, node: str) -> Estimate | None:
+        g = self.groups.get((group, site), {}).get(node)
+        if g is not None and g.spp is not None:
+            return Estimate(g.spp, g.runs, g.last)
+        e = self.sites.get(site, {}).get(node)
+        return None if e is None or e.spp is None else Estimate(e.spp, e.runs, e.last)
+
+    def site_sums(self, site: str) -> dict[str, Sums]:
+        return self._site_sums.get(site, {})
+
+    def group_sums(self, group: str, site: str) -> dict[str, Sums]:
+        return self._group_sums.get((group, site), {})

@@ -1,0 +1,232 @@
+"""Bandit allocation: expected results per second with their uncertainty, and a bounded exploration budget.
+
+:class:`BanditAllocation` routes like the paper's dynamic allocation (by expected results per second, with late
+binding and patience) but from the posteriors of :mod:`scheduler_ext.strategies.posterior` instead of moving
+averages, so that
+
+* blocked, failed and timed-out pages cost what they cost: their time is charged and nothing is collected;
+* a single unlucky run cannot write a pair off: one run is one run of evidence against a weak prior, and the
+  evidence fades with time while the pair is not used, so its posterior widens again;
+* exploration goes where it can change a decision: a pair is tried only when a Thompson draw from its posterior
+  beats the best *expected* rate on the site (a pair known to be bad almost never does; a pair not seen for a
+  while, or never, often does), and only while the exploration budget lasts;
+* the budget is a share of the assignments (``SCHEDEXT_EXPLORE_SHARE`` of them, default 0.2), so exploration
+  stays bounded however many pairs there are, and drift is caught without a staleness timer.
+
+Per tick, over the window of waiting subtasks the control passes (priority order):
+
+1. Candidates: live nodes of the subtask's type, minus its ``avoid`` nodes unless no other is alive.
+2. Posterior of every candidate that has run on the site (busy ones included): served share from its runs on the
+   site, pace from its runs for this product on the site when it has some. The prior of an untried pair is the
+   best share and the best pace seen on the site (optimism), with the weight of one page.
+3. Exploit: a free candidate whose expected rate is at least ``SCHEDEXT_RATE_FLOOR`` of the best expected rate
+   (late binding, as in the paper's strategy); after ``SCHEDEXT_PATIENCE`` seconds of waiting, any candidate.
+4. Explore: up to ``EXPLORE_SAMPLE`` free candidates are drawn; one whose Thompson draw beats the best expected rate
+   (and that step 3 would not pick) is an exploration. Explorations go first, best draw first, each costing one
+   unit of budget; a site no candidate has data on needs no budget (there is nothing to exploit). One exploration
+   per pair is in flight at a time.
+5. Matching: explorations, then the exploit pairs as the dynamic allocation matches them (aged subtasks first,
+   then the highest expected rate, then priority).
+
+Cost per tick: for each distinct (product, site) in the window, one posterior per node with data on the site, and
+at most ``EXPLORE_SAMPLE`` draws per subtask; no (subtask x node) product.
+
+Settings: ``SCHEDEXT_RATE_FLOOR``, ``SCHEDEXT_PATIENCE``, ``SCHEDEXT_EXPLORE_SHARE``, ``SCHEDEXT_ESTIMATE_HALF_LIFE``,
+``SCHEDEXT_RECALL_THRESHOLD`` (how long an exploration counts as in flight), ``SCHEDEXT_BANDIT_SEED``.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from ..config import config_for
+from ..models import Subtask
+from . import Allocation, Estimates, NodeView
+from .posterior import Posterior, Sums
+
+#: Free candidates drawn per subtask for exploration: bounds the cost of a tick whatever the cluster's size.
+EXPLORE_SAMPLE = 8
+
+
+def site_sums(estimates: Estimates, site: str, nodes: Sequence[str] = ()) -> Mapping[str, Sums]:
+    """Node -> sums of every node with runs on ``site``.
+
+    Estimates that keep no sums (the protocol's two methods only) give sums made from the paper's moving
+    estimates of ``nodes``, as if each run had been 5 pages at that completion and speed: the bandit then works
+    on any :class:`~scheduler_ext.strategies.Estimates`, only without the failures' cost.
+    """
+    get = getattr(estimates, "site_sums", None)
+    if get is not None:
+        return get(site)  # type: ignore[no-any-return]
+    out = {}
+    for nid in nodes:
+        c = estimates.completion(site, nid)
+        if c is not None:
+            spp = estimates.seconds_per_page("", site, nid)
+            pages = 5.0 * min(c.runs, 4)
+            out[nid] = Sums(n=float(c.runs), pages=pages, got=pages * c.value,
+                            sec=pages * (spp.value if spp is not None else 1.0), t=c.last_run)
+    return out
+
+
+def group_sums(estimates: Estimates, group: str, site: str) -> Mapping[str, Sums]:
+    """Node -> sums of every node with runs of ``group`` on ``site``; empty if ``estimates`` keeps no sums."""
+    get = getattr(estimates, "group_sums", None)
+    return get(group, site) if get is not None else {}
+
+
+class BanditAllocation(Allocation):
+    def __init__(self, *, rate_floor: float = 0.6, patience: float = 30.0, explore_share: float = 0.2,
+                 half_life: float = 30.0, explore_timeout: float = 60.0, seed: int | None = 0) -> None:
+        self.rate_floor = rate_floor
+        self.patience = patience
+        self.explore_share = explore_share
+        self.half_life = half_life
+        self.explore_timeout = explore_timeout
+        self.rng = random.Random(seed)
+        self.credit: float | None = None  # exploration budget, in runs; starts at one per node
+        self._exploring: dict[tuple[str, str], float] = {}  # (site, node) -> when an exploration was sent
+        self.explored = 0  # explorations sent (for stats and tests)
+        # Sums -> (prior, when, posterior): a pair's posterior changes with a new run (new sums) or the prior, and
+        # with time only by the slow discount, refreshed every half_life / 10; so a tick recomputes what changed.
+        self._cache: dict[int, tuple[Sums, float, float, float, Posterior]] = {}
+
+    @classmethod
+    def from_crawler(cls, crawler: Any) -> BanditAllocation:
+        c = config_for(crawler)
+        return cls(rate_floor=c.rate_floor, patience=c.patience, explore_share=c.explore_share,
+                   half_life=c.estimate_half_life, explore_timeout=c.recall_age, seed=c.bandit_seed)
+
+    # --- the posteriors of one (product, site) ------------------------------------------------------------------
+    def posteriors(self, group: str, site: str, estimates: Estimates, now: float,
+                   memo: dict[Any, tuple[dict[str, Posterior], Posterior]] | None = None,
+                   nodes: Sequence[str] = ()) -> tuple[dict[str, Posterior], Posterior]:
+        """Node -> posterior of every node with runs on ``site``, and the prior of an untried node there.
+
+        The served share comes from the node's runs on the site; the pace from its runs of this product there
+        when it has some. ``memo`` (one per tick) keeps the site's part, shared by every product on the site.
+        """
+        memo = {} if memo is None else memo
+        if site not in memo:
+            sums = site_sums(estimates, site, nodes)
+            theta0, rho0 = 0.5, 1.0
+            if sums:
+                # The prior of an untried pair: as good as the best seen on the site (optimism under uncertainty).
+                theta0 = max((s.got + 0.5) / (s.pages + 1.0) for s in sums.values())
+                rho0 = max(((s.pages + 1.0) / (s.sec + 1.0) for s in sums.values() if s.sec > 0), default=1.0)
+            memo[site] = ({nid: self._posterior(s, now, theta0, rho0) for nid, s in sums.items()},
+                          Posterior.prior(theta0, rho0))
+        posts, prior = memo[site]
+        per_group = group_sums(estimates, group, site) if posts else {}
+        if not per_group:
+            return posts, prior
+        sums = site_sums(estimates, site, nodes)
+        theta0, rho0 = prior.share, prior.pace
+        refined = dict(posts)
+        for nid, pace in per_group.items():
+            if nid in sums:
+                refined[nid] = Posterior.of(sums[nid], now=now, half_life=self.half_life, theta0=theta0, rho0=rho0,
+                                            pace=pace)
+        return refined, prior
+
+    def _posterior(self, sums: Sums, now: float, theta0: float, rho0: float) -> Posterior:
+        hit = self._cache.get(id(sums))
+        if hit is not None and hit[0] is sums and hit[1] == theta0 and hit[2] == rho0 \
+                and now - hit[3] < self.half_life / 10:
+            return hit[4]
+        post = Posterior.of(sums, now=now, half_life=self.half_life, theta0=theta0, rho0=rho0)
+        self._cache[id(sums)] = (sums, theta0, rho0, now, post)
+        return post
+
+    def allocate(self, subtasks: Sequence[Subtask], nodes: Sequence[NodeView], estimates: Estimates,
+                 now: float) -> list[tuple[Subtask, str]]:
+        if len(self._cache) > 65536:  # entries of sums replaced since: drop them all now and then
+            self._cache.clear()
+        free = {n.id: n.free for n in nodes if n.free > 0}
+        if not free or not subtasks:
+            return []
+        if self.credit is None:
+            self.credit = float(len(nodes))
+        self._exploring = {k: t for k, t in self._exploring.items() if now - t < self.explore_timeout}
+        types_of = {n.id: n.types for n in nodes}
+        by_type: dict[int, list[str]] = {}
+        for n in nodes:
+            for t in n.types:
+                by_type.setdefault(t, []).append(n.id)
+        free_by_type = {t: [nid for nid in ids if nid in free] for t, ids in by_type.items()}
+        site_memo: dict[Any, tuple[dict[str, Posterior], Posterior]] = {}
+        idle: dict[str, float] = {}  # free node -> its best expected rate on the window's sites
+        memo: dict[tuple[Any, ...], tuple[dict[str, float], dict[str, Posterior], Posterior, bool]] = {}
+        for st in subtasks:
+            key = (st.group, st.site, st.type, tuple(st.avoid))
+            typed = by_type.get(st.type)
+            if typed and key not in memo:
+                posts, prior = self.posteriors(st.group, st.site, estimates, now, site_memo, typed)
+                avoid = set(st.avoid)
+                honour = bool(avoid) and any(nid not in avoid for nid in typed)
+                known = {nid: p.mean for nid, p in posts.items()
+                         if st.type in types_of.get(nid, ()) and not (honour and nid in avoid)}
+                memo[key] = known, posts, prior, honour
+                for nid, m in known.items():
+                    if nid in free and m > idle.get(nid, 0.0):
+                        idle[nid] = m
+        explore: list[tuple[float, int, bool, Subtask, str]] = []
+        pairs: list[tuple[bool, float, int, Subtask, str]] = []
+        for order, st in enumerate(subtasks):
+            key = (st.group, st.site, st.type, tuple(st.avoid))
+            if key not in memo:
+                continue
+            known, posts, prior, honour = memo[key]
+            best = max(known.values(), default=0.0)
+            aged = now - st.since >= self.patience
+            floor = 0.0 if aged else self.rate_floor * best
+            for nid, m in known.items():
+                if nid in free and m >= floor and (m > 0 or aged):
+                    pairs.append((aged, m, order, st, nid))
+            # Exploration: a few free candidates, each a Thompson draw. A run can change a decision if the draw
+            # beats the best expected rate on the site; for a node with nothing as good to do on the window's
+            # sites (its best is below the site's floor), if the draw would make it eligible here.
+            cands = free_by_type.get(st.type, [])
+            pool = cands if len(cands) <= EXPLORE_SAMPLE else self.rng.sample(cands, EXPLORE_SAMPLE)
+            for nid in pool:
+                if (honour and nid in st.avoid) or (st.site, nid) in self._exploring \
+                        or (nid in known and known[nid] >= floor and known[nid] > 0):
+                    continue
+                draw = posts.get(nid, prior).sample(self.rng)
+                bar = best if idle.get(nid, 0.0) >= self.rate_floor * best else self.rate_floor * best
+                if draw > bar:
+                    explore.append((draw / best if best > 0 else float("inf"), order, best <= 0, st, nid))
+        return self._match(explore, pairs, free, now, len(nodes))
+
+    def _match(self, explore: list[tuple[float, int, bool, Subtask, str]],
+               pairs: list[tuple[bool, float, int, Subtask, str]], free: dict[str, int],
+               now: float, cluster: int) -> list[tuple[Subtask, str]]:
+        assigned: set[str] = set()
+        result: list[tuple[Subtask, str]] = []
+        assert self.credit is not None
+        explore.sort(key=lambda e: (-e[0], e[1]))
+        for _, _, needed, st, nid in explore:
+            if st.id in assigned or free.get(nid, 0) <= 0 or (st.site, nid) in self._exploring:
+                continue
+            if not needed:
+                if self.credit < 1:
+                    continue
+                self.credit -= 1
+            self._exploring[(st.site, nid)] = now
+            self.explored += 1
+            assigned.add(st.id)
+            free[nid] -= 1
+            result.append((st, nid))
+        exploited = 0
+        for _, _, _, st, nid in sorted(pairs, key=lambda p: (not p[0], -p[1], p[2])):
+            if st.id not in assigned and free.get(nid, 0) > 0:
+                assigned.add(st.id)
+                free[nid] -= 1
+                result.append((st, nid))
+                exploited += 1
+        # The budget refills with the assignments made and never banks more than a round of the cluster's nodes.
+        self.credit = min(self.credit + self.explore_share * exploited, 1.0 + self.explore_share * cluster)
+        return result
+

@@ -1,0 +1,185 @@
+"""Estimates with their uncertainty: what a (site, node) pair yields per second, and how sure we are of it.
+
+Pure functions and small value objects, shared by the finish script (which keeps the sums in Redis; the Lua in
+the finish script mirrors :func:`update_sums` line for line), by :class:`~scheduler_ext.strategies.bandit.
+BanditAllocation` (which reads them) and by the simulator (scheduler_ext/sim), so that the three agree.
+
+The model (docs/strategies.md, "The bandit model", gives the derivation):
+
+* Every run of a subtask is charged in *pages attempted*: the pages it crawled plus the page that failed it (an
+  HTTP error, a captcha page, a download error). A timed-out run is charged its time but not the pages it never
+  started.
+* ``got``: the page-equivalents of results it collected, ``pages_done x collected / offered`` (a page that
+  served 9 of its 10 results counts 0.9). A failed or blocked page counts 0 here and 1 in ``pages``: it was
+  offered and nothing was collected. That is what the paper's completion leaves out.
+* ``sec``: the node's seconds, every outcome included.
+
+The sums are kept per run with the same weight ``alpha`` as the paper's moving estimates (``x <- (1 - alpha) x +
+new``), so a pair that is used keeps a memory of about ``1 / alpha`` runs and follows drift; a pair that is *not*
+used keeps its sums, and the reader discounts them by the time since the last run (half-life ``half_life``), so
+its posterior widens back towards the prior while nobody looks at it. No staleness timer: uncertainty grows
+smoothly, and Thompson sampling turns it into a probability of being tried again.
+
+Posterior of the served share ``theta`` (results collected per page attempted, as a share of a full page) and of
+the pace ``rho`` (pages attempted per second), with a weak prior of ``prior_weight`` pages centred on
+``(theta0, rho0)``:
+
+    theta ~ Beta(w theta0 + got, w (1 - theta0) + pages - got)
+    rho   ~ Gamma(shape = w + pages, rate = w / rho0 + sec)
+    rate  = theta x rho                    (page-equivalents of results per second of node time)
+
+``E[rate] = E[theta] E[rho]`` (independent posteriors). Doctest:
+
+>>> s = update_sums(None, pages_done=10, failed_pages=0, offered=100, collected=90, seconds=2.0, alpha=0.3)
+>>> (s.n, s.pages, s.got, s.sec)
+(1.0, 10.0, 9.0, 2.0)
+>>> p = Posterior.of(s, now=0.0, half_life=60.0, theta0=0.5, rho0=1.0, weight=1.0)
+>>> round(p.mean, 3)    # theta = 9.5/11, rho = 11/3
+3.167
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass
+from typing import Any
+
+#: Pages of pseudo-evidence in the prior: one page. Enough to rank an untried pair, too little to outweigh a run.
+PRIOR_WEIGHT = 1.0
+#: A run this many binomial standard deviations off the pair's share, over at least CHANGE_PAGES pages attempted,
+#: is a change point: the sums restart from it instead of averaging it in.
+CHANGE_Z = 3.0
+CHANGE_PAGES = 3
+
+
+@dataclass(frozen=True)
+class Sums:
+    """The sufficient statistics of one pair, as the finish script keeps them (JSON fields in brackets).
+
+    ``n`` [n] runs, ``pages`` [pg] pages attempted, ``got`` [got] page-equivalents collected, ``sec`` [sec]
+    seconds, all weighted (each run multiplies the old sums by ``1 - alpha``); ``t`` [last] the time of the last run.
+    """
+
+    n: float = 0.0
+    pages: float = 0.0
+    got: float = 0.0
+    sec: float = 0.0
+    t: float = 0.0
+
+    @classmethod
+    def from_entry(cls, entry: dict[str, Any]) -> Sums | None:
+        """The sums of an estimate entry (``est:site`` / ``est:gs`` field JSON); None if it has none yet."""
+        if entry.get("pg") is None:
+            return None
+        try:
+            return cls(float(entry.get("n") or 0), float(entry["pg"]), float(entry.get("got") or 0),
+                       float(entry.get("sec") or 0), float(entry.get("last") or 0))
+        except (TypeError, ValueError):  # a hand-edited entry: no usable data rather than an exception in a tick
+            return None
+
+
+def page_equivalents(pages_done: int, offered: int, collected: int) -> float:
+    """Results collected, in pages: ``pages_done x collected / offered`` (capped at ``pages_done``).
+
+    >>> page_equivalents(10, 100, 90), page_equivalents(0, 0, 0), page_equivalents(2, 0, 5)
+    (9.0, 0.0, 2.0)
+    """
+    if pages_done <= 0:
+        return 0.0
+    if offered <= 0:  # pages without a count line that still gave results: count them whole
+        return float(pages_done) if collected > 0 else 0.0
+    return pages_done * min(1.0, collected / offered)
+
+
+def changed(old: Sums, attempted: float, got: float) -> bool:
+    """True if a run's yield is too far from what the pair's sums predict to be the same pair: a change point.
+
+    The run's collected page-equivalents ``got`` of ``attempted`` pages are compared with the binomial
+    prediction of the sums' share; more than ``CHANGE_Z`` standard deviations off, over at least
+    ``CHANGE_PAGES`` pages, means the site now treats the node differently (the paper's Figure 4 pairs that turn
+    bad, or good). One failed page alone never is: it is one page of evidence.
+
+    >>> good = Sums(n=3, pages=27, got=25, sec=3)
+    >>> changed(good, 9, 8.0), changed(good, 1, 0.0), changed(good, 8, 1.0)
+    (False, False, True)
+    """
+    if attempted < CHANGE_PAGES or old.pages <= 0:
+        return False
+    share = min(0.98, max(0.02, (old.got + 0.5) / (old.pages + 1.0)))
+    sd = math.sqrt(attempted * share * (1 - share))
+    return abs(got - attempted * share) > CHANGE_Z * sd
+
+
+def update_sums(old: Sums | None, *, pages_done: int, failed_pages: int, offered: int, collected: int,
+                seconds: float, alpha: float, now: float = 0.0) -> Sums:
+    """The sums after one more run (the finish script's Lua does exactly this): older runs weigh ``1 - alpha``
+    less, unless the run is a change point (:func:`changed`), which starts the sums afresh from it."""
+    attempted = pages_done + failed_pages
+    got = page_equivalents(pages_done, offered, collected)
+    o = old or Sums()
+    keep = 0.0 if changed(o, attempted, got) else 1.0 - alpha
+    return Sums(n=keep * o.n + 1.0, pages=keep * o.pages + attempted, got=keep * o.got + got,
+                sec=keep * o.sec + max(0.0, seconds), t=now)
+
+
+@dataclass(frozen=True)
+class Posterior:
+    """Beta posterior of the served share and Gamma posterior of the pace of one pair (see the module doc)."""
+
+    a: float  # Beta alpha: collected page-equivalents (plus prior)
+    b: float  # Beta beta: pages attempted and not collected (plus prior)
+    shape: float  # Gamma shape: pages attempted (plus prior)
+    rate: float  # Gamma rate: seconds (plus prior)
+    runs: float = 0.0  # weighted runs behind it, after the time discount
+
+    @classmethod
+    def prior(cls, theta0: float, rho0: float, weight: float = PRIOR_WEIGHT) -> Posterior:
+        theta0 = min(0.999, max(0.001, theta0))
+        return cls(weight * theta0, weight * (1 - theta0), weight, weight / max(rho0, 1e-6))
+
+    @classmethod
+    def of(cls, sums: Sums | None, *, now: float, half_life: float, theta0: float, rho0: float,
+           weight: float = PRIOR_WEIGHT, pace: Sums | None = None) -> Posterior:
+        """The posterior of a pair from its sums, discounted by the time since its last run.
+
+        ``pace``: sums to take the pace from instead (the (product, site, node) sums when they exist), so
+        that the served share comes from every run of the node on the site and the pace from this product's.
+        """
+        p = cls.prior(theta0, rho0, weight)
+        if sums is None:
+            return p
+        d = discount(now - sums.t, half_life)
+        got, pages = d * sums.got, d * sums.pages
+        src = sums if pace is None or pace.pages <= 0 else pace
+        dp = d if src is sums else discount(now - src.t, half_life)
+        return cls(p.a + got, p.b + max(0.0, pages - got), p.shape + dp * src.pages, p.rate + dp * src.sec,
+                   d * sums.n)
+
+    @property
+    def share(self) -> float:
+        return self.a / (self.a + self.b)
+
+    @property
+    def pace(self) -> float:
+        return self.shape / self.rate
+
+    @property
+    def mean(self) -> float:
+        """Expected page-equivalents of results per second."""
+        return self.share * self.pace
+
+    def sample(self, rng: random.Random) -> float:
+        """One Thompson draw of the rate."""
+        return rng.betavariate(self.a, self.b) * rng.gammavariate(self.shape, 1.0 / self.rate)
+
+
+def discount(age: float, half_life: float) -> float:
+    """Weight of evidence ``age`` seconds old: 1 now, 1/2 after ``half_life``.
+
+    >>> discount(0, 60), discount(60, 60), discount(-5, 60)
+    (1.0, 0.5, 1.0)
+    """
+    if half_life <= 0 or age <= 0:
+        return 1.0
+    return math.pow(2.0, -age / half_life)

@@ -1,0 +1,207 @@
+"""Tests of the cluster simulator (scheduler_ext/sim), the upper bound and ``scrapy experiment --sim``.
+
+The simulator's estimates must be the finish script's: a test runs the same runs through ``lua/finish.lua`` on a
+real Redis and through :class:`MemoryEstimates`, and compares. The bound must bound: no simulated schedule collects
+more. And the simulator must agree with real runs: a short real experiment on the paper profile, its ratio compared
+with the simulator's.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import random
+from pathlib import Path
+
+import pytest
+from conftest import run_scrapy
+
+from scheduler_ext.control import EstimateCache
+from scheduler_ext.keys import Keys
+from scheduler_ext.models import Report, Subtask
+from scheduler_ext.sim import Simulation, TaskSpec
+from scheduler_ext.sim.bound import SiteWork, assign, best_possible
+from scheduler_ext.sim.configs import CONFIGS
+from scheduler_ext.sim.estimates import MemoryEstimates
+from scheduler_ext.sim.families import FAMILIES, generate
+from scheduler_ext.store import Store
+
+
+@pytest.fixture
+def store(redis, prefix: str) -> Store:  # type: ignore[no-untyped-def]
+    return Store(redis, Keys(prefix))
+
+# --- the estimates are the finish script's ------------------------------------------------------------------------
+
+RUNS = [  # offered, collected, pages, seconds, ok: good runs, a captcha run, a change point to bad, a timeout
+    (100, 90, 10, 2.0, True), (50, 47, 5, 1.1, True), (0, 0, 0, 0.4, False), (80, 10, 8, 5.0, False),
+    (30, 4, 3, 2.5, True), (0, 0, 0, 6.0, True),
+]
+
+
+def test_memory_estimates_match_the_finish_script(store: Store) -> None:
+    k = store.keys
+    mem = MemoryEstimates(alpha=0.3)
+    for i, (offered, collected, pages, seconds, ok) in enumerate(RUNS):
+        st = Subtask(id=f"s{i}", task="t", site="a.com", group="milk", first_page=0, page_limit=10, time_limit=30)
+        store.redis.lpush(k.crawl("n1"), st.to_json())
+        taken = store.take("n1", 30.0, 10.0)
+        assert taken is not None
+        report = Report(subtask=st, node="n1", outcome="done" if ok else "failed", offered=offered,
+                        collected=collected, pages=pages)
+        assert store.finish(st.id, taken[1], report.to_json(), node="n1", site="a.com", group="milk",
+                            offered=offered, collected=collected, pages=pages, seconds=seconds, ok=ok, alpha=0.3,
+                            runs_maxlen=100)
+        mem.finish(site="a.com", group="milk", node="n1", offered=offered, collected=collected, pages=pages,
+                   seconds=seconds, ok=ok, now=0.0)
+        lua = json.loads(store.redis.hget(k.est_site("a.com"), "n1"))
+        py = mem.sites["a.com"]["n1"]
+        assert py.sums is not None
+        assert (lua["n"], lua["pg"], lua["got"], lua["sec"]) == pytest.approx(
+            (py.sums.n, py.sums.pages, py.sums.got, py.sums.sec)), f"after run {i}"
+        assert (lua.get("c"), lua.get("spp"), lua["runs"]) == pytest.approx((py.c, py.spp, py.runs))
+        group = json.loads(store.redis.hget(k.est_group_site("milk", "a.com"), "n1"))
+        assert group["pg"] == pytest.approx(mem.groups[("milk", "a.com")]["n1"].sums.pages)  # type: ignore[union-attr]
+    # The run that collected 10 of 80 after runs that collected ~90 % was a change point: the sums restarted.
+    assert mem.sites["a.com"]["n1"].sums.n < 2.5  # type: ignore[union-attr]
+    # The control reads the same sums (EstimateCache, the bandit's EstimateSums protocol), and follows new runs.
+    cache = EstimateCache(store)
+    got = cache.site_sums("a.com")["n1"]
+    assert (got.n, got.pages, got.got, got.sec) == pytest.approx(
+        (mem.site_sums("a.com")["n1"].n, mem.site_sums("a.com")["n1"].pages, mem.site_sums("a.com")["n1"].got,
+         mem.site_sums("a.com")["n1"].sec))
+    assert cache.group_sums("milk", "a.com")["n1"].pages == pytest.approx(mem.group_sums("milk", "a.com")["n1"].pages)
+
+
+# --- the bound ------------------------------------------------------------------------------------------------------
+
+def test_assign_is_the_best_assignment() -> None:
+    rng = random.Random(7)
+    for _ in range(40):
+        nodes, sites = [f"n{i}" for i in range(rng.randint(1, 5))], [f"s{j}" for j in range(rng.randint(1, 4))]
+        rates = {n: {s: rng.choice([0.0, rng.uniform(0.1, 10)]) for s in sites} for n in nodes}
+        rates = {n: {s: r for s, r in per.items() if r > 0} for n, per in rates.items()}
+        caps = {s: rng.randint(0, 2) for s in sites}
+        value, chosen = assign(rates, caps)
+        assert all(sum(1 for v in chosen.values() if v == s) <= caps[s] for s in sites)
+        assert value == pytest.approx(sum(rates[n][s] for n, s in chosen.items()))
+        best = 0.0  # brute force: every node picks a site or nothing
+        for pick in itertools.product(*[[None, *per] for per in rates.values()]):
+            if all(sum(1 for p in pick if p == s) <= caps[s] for s in sites):
+                best = max(best, sum(rates[n][p] for n, p in zip(rates, pick, strict=True) if p is not None))
+        assert value == pytest.approx(best)
+
+
+def _tasks(world_sites: list[str], products: int, seed: int) -> list[TaskSpec]:
+    rng = random.Random(seed)
+    return [TaskSpec(f"p{p}", s, rng.randint(2000, 20000)) for p in range(products) for s in world_sites]
+
+
+@pytest.mark.parametrize("family", ["specialists", "drift", "captcha", "churn"])
+def test_no_simulated_schedule_beats_the_bound(family: str) -> None:
+    world = generate(family, nodes=6, sites=5, duration=120, seed=3)
+    tasks = _tasks(world.sites, 4, 3)
+    work = {s: SiteWork(0, sum(1 for t in tasks if t.site == s), sum(t.results for t in tasks if t.site == s))
+            for s in world.sites}
+    bound = best_possible(world, world.nodes, work, 120)["items"]
+    for name, make in CONFIGS.items():
+        allocation, modification, recall = make(0)
+        raw = Simulation(world, world.nodes, tasks, allocation=allocation, modification=modification,
+                         recall=recall, duration=120, seed=0).run()
+        assert 0 < raw["samples"][-1]["items"] <= bound, name
+
+
+# --- the simulator ---------------------------------------------------------------------------------------------------
+
+def _run(name: str, family: str, seed: int, duration: float = 120) -> dict:
+    world = generate(family, nodes=6, sites=5, duration=duration, seed=seed)
+    allocation, modification, recall = CONFIGS[name](seed)
+    return Simulation(world, world.nodes, _tasks(world.sites, 4, seed), allocation=allocation,
+                      modification=modification, recall=recall, duration=duration, seed=seed).run()
+
+
+def test_a_simulation_is_reproducible_and_samples_like_a_real_run() -> None:
+    a, b = _run("bandit", "specialists", 1, 60), _run("bandit", "specialists", 1, 60)
+    assert a["samples"] == b["samples"] and a["items_by_node"] == b["items_by_node"]
+    last = a["samples"][-1]
+    assert last["t"] == 60 and last["items"] == sum(a["items_by_node"].values()) > 0
+    pair = next(iter(last["pairs"].values()))
+    assert len(pair) == 5 and pair[0] >= pair[1] >= 0  # offered, collected, runs, pages, estimate
+
+
+def test_nodes_that_leave_have_their_work_recalled_and_nodes_that_join_get_work() -> None:
+    world = generate("churn", nodes=6, sites=5, duration=120, seed=2)
+    late = next(n for n in world.nodes if n.joins > 0)
+    raw = _run("bandit", "churn", 2)
+    used = {k.split("|")[0] for k, v in raw["first_use"].items() if v}
+    assert late.id in used
+    left = [n for n in world.nodes if n.leaves < 120]
+    assert left and all(min(t for k, v in raw["first_use"].items() if k.startswith(n.id + "|") for t in v) < n.leaves
+                        for n in left if any(k.startswith(n.id + "|") for k in raw["first_use"]))
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_families_generate_valid_worlds(family: str) -> None:
+    world = generate(family, nodes=5, sites=4, duration=90, seed=0)
+    assert len(world.nodes) == 5 and len(world.sites) == 4
+    b = world.behaviour("n0", "s0.example", 10)
+    assert 0 <= b.share <= 1 and b.latency > 0 and 0 <= b.served <= 1
+    if family == "drift":
+        assert world.changes() == [33.3, 63.9] and world.turned_good()
+    with pytest.raises(ValueError, match="family: expected one of"):
+        generate("nope", nodes=1, sites=1, duration=1, seed=0)
+
+
+def test_bandit_beats_the_paper_and_fifo_where_the_paper_loses() -> None:
+    """Drift, unlucky first runs and captcha-heavy nodes, a few seeds each (the benchmark runs many more)."""
+    for family in ("drift", "unlucky", "captcha"):
+        items = {name: sum(_run(name, family, seed)["samples"][-1]["items"] for seed in range(3))
+                 for name in ("bandit", "paper", "fifo")}
+        assert items["bandit"] > items["paper"] > items["fifo"], (family, items)
+
+
+# --- scrapy experiment --sim -----------------------------------------------------------------------------------------
+
+def test_experiment_sim_writes_the_summary_and_report(tmp_path: Path) -> None:
+    out = tmp_path / "sim"
+    result = run_scrapy(["experiment", "--sim", "--strategies", "bandit,paper,shared,oracle", "--duration", "40",
+                         "--repeat", "3", "--out", str(out)], env={"PATH": "/usr/bin:/bin"}, timeout=120)
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = json.loads((out / "summary.json").read_text(encoding="utf-8"))
+    assert summary["simulated"] is True
+    best = summary["best_possible"]["items"]
+    assert best > max(r["unique_items"] for r in summary["runs"].values())
+    dist = summary["distribution"]["bandit"]
+    assert dist["vs_best"]["n"] == 3 and 0 < dist["vs_best"]["min"] <= dist["vs_best"]["max"] < 1
+    assert dist["vs_shared"]["median"] > 1.5
+    assert "ratio distribution over simulated seeds" in result.stdout
+    for name in ("report.html", "ratios.png", "fig4.png"):
+        assert (out / name).stat().st_size > 1000
+
+
+def test_experiment_sim_refuses_repeat_without_sim(tmp_path: Path) -> None:
+    result = run_scrapy(["experiment", "--repeat", "3", "--out", str(tmp_path / "x")], env={"PATH": "/usr/bin:/bin"},
+                        timeout=60)
+    assert result.returncode == 2 and "--repeat: expected 1, or more with --sim" in result.stderr
+
+
+# --- agreement with real runs ----------------------------------------------------------------------------------------
+
+def test_simulated_ratios_agree_with_a_real_run(scrapy_env: dict[str, str], prefix: str, mongo_db: str,
+                                                tmp_path: Path) -> None:
+    """A short real experiment on the paper profile and the simulator on the same options: the real bandit / shared
+    ratio within 10 % of the simulator's (of its range over 5 seeds: one real run of 30 s on a shared machine has
+    noise of its own, which the seeds of the simulator show the size of)."""
+    from product_crawl.experiment import make_options
+    from product_crawl.experiment.sim import simulate_configuration
+
+    out = tmp_path / "real"
+    result = run_scrapy(["experiment", "--profile", "paper", "--strategies", "bandit,shared", "--duration", "30",
+                         "--out", str(out), "--prefix", prefix, "--database", mongo_db], env=scrapy_env, timeout=200)
+    assert result.returncode == 0, result.stderr[-3000:]
+    real = json.loads((out / "summary.json").read_text(encoding="utf-8"))["runs"]
+    real_ratio = real["bandit"]["unique_items"] / real["shared"]["unique_items"]
+    opts = make_options(profile="paper", duration=30, strategies="bandit,shared")
+    ratios = sorted(simulate_configuration("bandit", opts, seed=s)["samples"][-1]["items"]
+                    / simulate_configuration("shared", opts, seed=s)["samples"][-1]["items"] for s in range(5))
+    assert 0.9 * ratios[0] <= real_ratio <= 1.1 * ratios[-1], (real_ratio, ratios)
