@@ -1,0 +1,77 @@
+"""Periodic node work that survives its failures: a loop body runs again later, never stops for good.
+
+A looping call whose function raises is stopped by Twisted for good; a node whose refill loop died would heartbeat
+forever and crawl nothing. :func:`guarded` wraps a loop body so that a Redis error (Redis restarting, a network
+blip) or any unforeseen error is logged once, the body is skipped for a growing delay (:class:`Backoff`), and the
+loop goes on by itself when Redis answers again.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+import redis
+
+logger = logging.getLogger(__name__)
+
+
+class Backoff:
+    """Exponential backoff on the monotonic clock: ``base`` seconds after the first failure, doubling up to ``cap``.
+
+    >>> b = Backoff(1.0, 4.0, clock=lambda: 0.0)
+    >>> b.ready(), b.failed(), b.failed(), b.failed(), b.failed(), b.ready()
+    (True, 1.0, 2.0, 4.0, 4.0, False)
+    >>> b.ok(); b.ready()
+    True
+    """
+
+    def __init__(self, base: float = 0.5, cap: float = 10.0, clock: Callable[[], float] = time.monotonic) -> None:
+        self.base, self.cap, self.clock = base, cap, clock
+        self.delay = 0.0
+        self._next = 0.0
+
+    @property
+    def failing(self) -> bool:
+        return self.delay > 0
+
+    def ready(self) -> bool:
+        return self.clock() >= self._next
+
+    def failed(self) -> float:
+        self.delay = min(self.cap, max(self.base, self.delay * 2))
+        self._next = self.clock() + self.delay
+        return self.delay
+
+    def ok(self) -> None:
+        self.delay = 0.0
+        self._next = 0.0
+
+
+def guarded(name: str, body: Callable[[], Any], backoff: Backoff) -> Callable[[], None]:
+    """``body`` for a looping call: skipped while backing off; an error backs off instead of ending the loop.
+
+    Logs the first failure of a run of failures (and the recovery), not every attempt.
+    """
+
+    def run() -> None:
+        if not backoff.ready():
+            return
+        try:
+            body()
+        except redis.RedisError as exc:  # Redis away: try again after the backoff, with state re-read then
+            if not backoff.failing:
+                logger.error("%s failed, Redis unreachable (%s); retrying with backoff", name, exc)
+            backoff.failed()
+            return
+        except Exception:  # a bug or an unforeseen record: the loop must outlive it
+            logger.exception("%s failed; retrying with backoff", name)
+            backoff.failed()
+            return
+        if backoff.failing:
+            logger.info("%s works again", name)
+        backoff.ok()
+
+    return run
