@@ -22,6 +22,7 @@ import redis
 
 from product_crawl.simweb.server import SimWebProcess
 from product_crawl.tasks import parse_virtual_task
+from scheduler_ext.config import Config
 from scheduler_ext.keys import Keys
 from scheduler_ext.status import collect_status
 from scheduler_ext.store import Store
@@ -70,7 +71,7 @@ class LocalCluster:
         return len(parsed)
 
     def status(self) -> dict[str, Any]:
-        return collect_status(self.store, float(self.settings.get("SCHEDEXT_RECALL_THRESHOLD", 60)))
+        return collect_status(self.store, Config.from_settings(self.settings).node_timeout)
 
     def items(self) -> int:
         return int(self.mongo[self.mongo_db]["items"].count_documents({}))

@@ -31,8 +31,8 @@ from scrapy.utils.asyncio import create_looping_call
 from scrapy.utils.misc import load_object
 from twisted.internet import threads
 
+from .config import config_for
 from .connection import redis_from_settings
-from .defaults import setting, setting_float, setting_int
 from .exceptions import ConfigurationError, InvalidInput
 from .keys import Keys
 from .models import Report, Subtask, Task, loads_object
@@ -119,34 +119,33 @@ class Control:
 
     def __init__(self, store: Store, *, splitter: Splitter | None, allocation: Allocation,
                  modification: Modification, recall: Recall, control_id: str | None = None,
-                 page_limit: int = 5, time_limit: float = 30.0, batch: int = 500, leader_ttl: float = 10.0
-                 ) -> None:
+                 page_limit: int = 5, time_limit: float = 30.0, batch: int = 500, leader_ttl: float = 10.0,
+                 node_timeout: float | None = None) -> None:
         self.store, self.keys = store, store.keys
         self.splitter = splitter
         self.allocation, self.modification, self.recall = allocation, modification, recall
         self.control_id = control_id or f"{socket.gethostname()}-{os.getpid()}"
         self.page_limit, self.time_limit = page_limit, time_limit
         self.batch, self.leader_ttl = batch, leader_ttl
+        self.node_timeout = recall.threshold if node_timeout is None else node_timeout
         self.estimates = EstimateCache(store)  # renewed every tick
         self.now = 0.0  # Redis time at the start of the current tick
         self.is_leader = False
 
     @classmethod
     def from_crawler(cls, crawler: Any) -> Control:
-        s = crawler.settings
-        splitter_path = setting(s, "SCHEDEXT_SPLITTER")
+        c = config_for(crawler)
         try:
-            splitter = load_object(splitter_path) if splitter_path else None
+            splitter = load_object(c.splitter) if c.splitter else None
         except (ImportError, NameError, ValueError, AttributeError) as exc:
-            raise ConfigurationError(f"SCHEDEXT_SPLITTER: cannot load {splitter_path!r}: {exc}") from exc
+            raise ConfigurationError(f"SCHEDEXT_SPLITTER: cannot load {c.splitter!r}: {exc}") from exc
         return cls(
-            Store(redis_from_settings(s), Keys(setting(s, "SCHEDEXT_PREFIX"))), splitter=splitter,
+            Store(redis_from_settings(crawler.settings), Keys(c.prefix)), splitter=splitter,
             allocation=load_strategy(crawler, "SCHEDEXT_ALLOCATION"),
             modification=load_strategy(crawler, "SCHEDEXT_MODIFICATION"),
             recall=load_strategy(crawler, "SCHEDEXT_RECALL"),
-            control_id=setting(s, "SCHEDEXT_CONTROL_ID"),
-            page_limit=setting_int(s, "SCHEDEXT_PAGE_LIMIT"), time_limit=setting_float(s, "SCHEDEXT_TIME_LIMIT"),
-            batch=setting_int(s, "SCHEDEXT_TICK_BATCH"), leader_ttl=setting_float(s, "SCHEDEXT_LEADER_TTL"))
+            control_id=c.control_id, page_limit=c.page_limit, time_limit=c.time_limit, batch=c.tick_batch,
+            leader_ttl=c.leader_ttl, node_timeout=c.node_timeout)
 
     # --- the tick --------------------------------------------------------------------------------------------------
     def tick(self) -> TickResult:
@@ -414,7 +413,7 @@ class Control:
 
     def _dead_nodes(self, result: TickResult, now: float) -> None:
         k = self.keys
-        cutoff = now - self.recall.threshold
+        cutoff = now - self.node_timeout
         for node in self.store.redis.zrangebyscore(k.node_seen, "-inf", cutoff, start=0, num=self.batch):
             for raw in self.store.redis.lrange(k.crawl(node), 0, -1):
                 try:
@@ -430,7 +429,7 @@ class Control:
     # --- 4. allocation --------------------------------------------------------------------------------------
     def live_nodes(self, now: float) -> list[NodeView]:
         k = self.keys
-        ids = self.store.redis.zrangebyscore(k.node_seen, now - self.recall.threshold, "+inf")
+        ids = self.store.redis.zrangebyscore(k.node_seen, now - self.node_timeout, "+inf")
         if not ids:
             return []
         with self.store.redis.pipeline(transaction=False) as pipe:
@@ -504,9 +503,10 @@ class ControlExtension:
 
     @classmethod
     def from_crawler(cls, crawler: Any) -> ControlExtension:
-        if not setting(crawler.settings, "SCHEDEXT_CONTROL_ENABLED"):
+        config = config_for(crawler)
+        if not config.control_enabled:
             raise NotConfigured("SCHEDEXT_CONTROL_ENABLED is off")
-        return cls(crawler, Control.from_crawler(crawler), setting_float(crawler.settings, "SCHEDEXT_TICK_INTERVAL"))
+        return cls(crawler, Control.from_crawler(crawler), config.tick_interval)
 
     def opened(self) -> None:
         self._loop = create_looping_call(self.tick)

@@ -1,7 +1,8 @@
 """Every default of scheduler_ext, in one place, each with its unit.
 
 Settings use the ``SCHEDEXT_`` prefix; Redis connection settings are scrapy-redis's (``REDIS_URL``,
-``REDIS_PARAMS``). Components read these through :func:`setting` so that a project's settings win.
+``REDIS_PARAMS``). Components read them through :class:`scheduler_ext.config.Config` (built once per crawler,
+validated); :func:`setting` remains for code that needs one raw value.
 """
 
 from __future__ import annotations
@@ -31,13 +32,18 @@ DEFAULTS: dict[str, Any] = {
     "SCHEDEXT_MIDDLEWARE_ENABLED": True,  # the subtask downloader and spider middlewares
     "SCHEDEXT_TICK_INTERVAL": 1.0,  # seconds between control ticks
     "SCHEDEXT_TICK_BATCH": 500,  # reports / virtual tasks / recalls handled per step of one tick, at most
+    "SCHEDEXT_TICK_ALARM": 5,  # failed ticks in a row after which the control says loudly that it is stuck
+    "SCHEDEXT_MAX_ENTRY_BYTES": 1_000_000,  # bytes; a longer entry of an input list is dead-lettered unread
     "SCHEDEXT_LEADER_TTL": 10.0,  # seconds a control's leader lease lasts unless renewed
     "SCHEDEXT_SPLITTER": None,  # dotted path: callable(raw_json: str) -> list[dict] (task specs)
     "SCHEDEXT_ALLOCATION": "scheduler_ext.strategies.allocation.DynamicAllocation",
     "SCHEDEXT_MODIFICATION": "scheduler_ext.strategies.modification.DynamicModification",
     "SCHEDEXT_RECALL": "scheduler_ext.strategies.recall.DynamicRecall",
     # --- recall (the paper: 1 minute, 5 recalls, then manual handling) -----------------------------------
-    "SCHEDEXT_RECALL_THRESHOLD": 60.0,  # seconds
+    "SCHEDEXT_RECALL_THRESHOLD": 60.0,  # seconds; the recall age under its historical name
+    "SCHEDEXT_RECALL_AGE": None,  # seconds a crawl-queue entry may wait before recall; default the threshold
+    "SCHEDEXT_LEASE_TTL": None,  # seconds a lease lasts after its last renewal; default the recall age
+    "SCHEDEXT_NODE_TIMEOUT": None,  # seconds without heartbeat before a node is dead; default the recall age
     "SCHEDEXT_RECALL_MAX": 5,  # recalls before a subtask goes to the dead-letter list
     # --- estimates and strategies ------------------------------------------------------------------------
     "SCHEDEXT_ESTIMATE_ALPHA": 0.3,  # weight of the newest run in the moving estimates (0..1]
@@ -55,6 +61,8 @@ DEFAULTS: dict[str, Any] = {
     # --- run records and stats ------------------------------------------------------------------------------
     "SCHEDEXT_RUNS_MAXLEN": 100_000,  # approximate length of the run-record stream
     "SCHEDEXT_STATS_FLUSH_INTERVAL": 5.0,  # seconds between flushes of per-site / per-node counters
+    # --- resilience --------------------------------------------------------------------------------------------
+    "SCHEDEXT_BACKOFF_MAX": 30.0,  # seconds; longest wait between retries of a loop whose Redis calls fail
 }
 
 

@@ -26,8 +26,11 @@ def _estimate(raw: str | None) -> dict[str, Any]:
     return json.loads(raw) if raw else {}
 
 
-def collect_status(store: Store, recall_threshold: float = 60.0) -> dict[str, Any]:
-    """Everything ``scrapy status`` shows, as plain JSON-ready data. Cost: O(nodes x sites + products)."""
+def collect_status(store: Store, node_timeout: float = 60.0) -> dict[str, Any]:
+    """Everything ``scrapy status`` shows, as plain JSON-ready data. Cost: O(nodes x sites + products).
+
+    A node is alive if its last heartbeat is at most ``node_timeout`` seconds old (``Config.node_timeout``).
+    """
     r, k = store.redis, store.keys
     now = store.now()
     node_ids = set(r.hkeys(k.nodes)) | set(r.zrange(k.node_seen, 0, -1))
@@ -67,7 +70,7 @@ def collect_status(store: Store, recall_threshold: float = 60.0) -> dict[str, An
         info = json.loads(raw) if raw else {}
         crawl[n] = int(qlen)
         node_rows.append({
-            "id": n, "alive": seen is not None and now - float(seen) <= recall_threshold,
+            "id": n, "alive": seen is not None and now - float(seen) <= node_timeout,
             "type": info.get("type"), "address": info.get("address"), "host": info.get("host"),
             "pid": info.get("pid"), "last_seen": _num(seen), "subtasks": info.get("subtasks", []),
             "crawl_queue": int(qlen), "counts": {c: int(counts.get(c, 0)) for c in NODE_COUNTS}})

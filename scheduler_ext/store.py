@@ -12,224 +12,28 @@ Key schema: :mod:`scheduler_ext.keys` (docs/redis-keys.md).
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterable, Sequence
+from importlib import resources
 from typing import Any
 
 import redis
 
 from .keys import Keys
 
-# Shared Lua prelude: server time in seconds (float).
-_NOW = "local _t = redis.call('TIME'); local now = tonumber(_t[1]) + tonumber(_t[2]) / 1e6\n"
+SCRIPTS = ("take", "heartbeat", "finish", "release", "commit", "lead", "resign")
+_INCLUDE = re.compile(r"^--@include (\w+)$", re.MULTILINE)
 
-# take: move the next subtask of a node's crawl queue into a lease.
-# KEYS: crawl:<node>, leases, lease_info, subtasks, failed, queued, seq, count:cluster
-# ARGV: node, max entries to look at, lease ttl (s), grace after the time limit (s)
-# Returns {subtask json, token, started} or nil. Entries that are not JSON objects of schema 1 with a string id
-# and a numeric time limit are moved to `failed` with the reason (the Python side validates the rest).
-_TAKE = _NOW + """
-for i = 1, tonumber(ARGV[2]) do
-  local raw = redis.call('RPOP', KEYS[1])
-  if not raw then return nil end
-  local ok, st = pcall(cjson.decode, raw)
-  if ok and type(st) == 'table' and st.v == 1 and type(st.id) == 'string' and st.id ~= ''
-      and type(st.time_limit) == 'number' and st.time_limit > 0 then
-    local token = ARGV[1] .. ':' .. redis.call('INCR', KEYS[7])
-    local hard = now + st.time_limit + tonumber(ARGV[4])
-    local deadline = math.min(now + tonumber(ARGV[3]), hard)
-    redis.call('ZADD', KEYS[2], deadline, st.id)
-    redis.call('HSET', KEYS[3], st.id, cjson.encode({token = token, node = ARGV[1], started = now, hard = hard}))
-    redis.call('HSET', KEYS[4], st.id, raw)
-    redis.call('ZREM', KEYS[6], st.id)
-    return {raw, token, tostring(now)}
-  end
-  local why = 'not a JSON object'
-  if ok and type(st) == 'table' then why = 'missing or invalid v, id or time_limit' end
-  local sid = cjson.null
-  if ok and type(st) == 'table' and type(st.id) == 'string' then sid = st.id; redis.call('ZREM', KEYS[6], st.id) end
-  local shown = string.gsub(string.sub(raw, 1, 120), '[^%w%p ]', '?')
-  redis.call('LPUSH', KEYS[5], cjson.encode({v = 1, malformed = true, id = sid, node = ARGV[1], outcome = 'failed',
-    reason = 'malformed subtask in ' .. KEYS[1] .. ': ' .. why, raw = shown, size = string.len(raw), at = now}))
-  redis.call('HINCRBY', KEYS[8], 'malformed_subtasks', 1)
-end
-return nil
-"""
 
-# heartbeat: register the node and renew the leases it still holds.
-# KEYS: nodes, node_seen, leases, lease_info
-# ARGV: node, node json, lease ttl (s), then id, token pairs
-# Returns the ids whose lease is gone or belongs to someone else (recalled: stop working on them).
-_HEARTBEAT = _NOW + """
-redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])  -- stored as sent (cjson would turn [] into {}); last seen: KEYS[2]
-redis.call('ZADD', KEYS[2], now, ARGV[1])
-local lost = {}
-for i = 4, #ARGV, 2 do
-  local raw = redis.call('HGET', KEYS[4], ARGV[i])
-  local lease = raw and cjson.decode(raw)
-  if lease and lease.token == ARGV[i + 1] then
-    redis.call('ZADD', KEYS[3], 'XX', math.min(now + tonumber(ARGV[3]), lease.hard), ARGV[i])
-  else
-    table.insert(lost, ARGV[i])
-  end
-end
-return lost
-"""
+def load_script(name: str) -> str:
+    """The source of ``lua/<name>.lua`` (package data), its ``--@include <helper>`` lines replaced by the helper.
 
-# finish: end a leased subtask: run record, aggregates, report. Refused (returns 0) if the token is stale.
-# KEYS: leases, lease_info, subtasks, sleeping|failed, runs, agg site|node, agg product|site|node, agg index,
-#       count:node:<node>, progress, agg triples index, est:site:<site>, est:gs:<product>|<site>
-# ARGV: id, token, report json, runs maxlen, alpha, "site|node", offered, collected, pages, seconds, ok (1/0),
-#       group, node
-_FINISH = _NOW + """
-local raw = redis.call('HGET', KEYS[2], ARGV[1])
-local lease = raw and cjson.decode(raw)
-if not lease or lease.token ~= ARGV[2] then
-  redis.call('HINCRBY', KEYS[9], 'stale_finish', 1)
-  return 0
-end
-redis.call('ZREM', KEYS[1], ARGV[1])
-redis.call('HDEL', KEYS[2], ARGV[1])
-redis.call('HDEL', KEYS[3], ARGV[1])
-redis.call('XADD', KEYS[5], 'MAXLEN', '~', ARGV[4], '*', 'report', ARGV[3])
-redis.call('LPUSH', KEYS[4], ARGV[3])
-local alpha = tonumber(ARGV[5])
-local offered, collected = tonumber(ARGV[7]), tonumber(ARGV[8])
-local pages, seconds, ok = tonumber(ARGV[9]), tonumber(ARGV[10]), ARGV[11] == '1'
-for k = 6, 7 do  -- counters per (site, node) and per (product, site, node), for status and experiments
-  local key = KEYS[k]
-  redis.call('HINCRBY', key, 'runs', 1)
-  redis.call('HINCRBY', key, 'offered', offered)
-  redis.call('HINCRBY', key, 'collected', collected)
-  redis.call('HINCRBY', key, 'pages', pages)
-  redis.call('HINCRBYFLOAT', key, 'seconds', seconds)
-  redis.call('HSET', key, 'last_run', string.format('%.3f', now))
-  if not ok then redis.call('HINCRBY', key, 'failures', 1) end
-end
--- The moving estimates (recent runs weigh more): one hash per site and one per (product, site), a field per
--- node, so that the control reads every node's figures for a site in one command.
-local function ewma(old, x) if old then return old + alpha * (x - old) end return x end
-local function estimate(key, with_completion)
-  local raw = redis.call('HGET', key, ARGV[13])
-  local e = raw and cjson.decode(raw) or {}
-  e.runs = (e.runs or 0) + 1
-  e.last = now
-  if with_completion then
-    if offered > 0 then e.c = ewma(e.c, collected / offered) elseif not ok then e.c = ewma(e.c, 0) end
-  end
-  if ok and pages > 0 then e.spp = ewma(e.spp, seconds / pages) end
-  redis.call('HSET', key, ARGV[13], cjson.encode(e))
-end
-estimate(KEYS[12], true)
-estimate(KEYS[13], false)
-redis.call('SADD', KEYS[8], ARGV[6])
-redis.call('SADD', KEYS[11], ARGV[12] .. '|' .. ARGV[6])
-redis.call('HINCRBY', KEYS[10], ARGV[12] .. '|collected', collected)
-redis.call('HINCRBY', KEYS[10], ARGV[12] .. '|pages', pages)
-return 1
-"""
-
-# release: give back the leased subtasks a closing node will not finish, straight to `waiting`.
-# KEYS: leases, lease_info, subtasks, waiting, crawl:<node>, queued
-# ARGV: node, then id, token, priority triples for leases; the crawl queue is returned whole.
-_RELEASE = """
-local n = 0
-for i = 2, #ARGV, 3 do
-  local raw = redis.call('HGET', KEYS[2], ARGV[i])
-  local lease = raw and cjson.decode(raw)
-  if lease and lease.token == ARGV[i + 1] then
-    redis.call('ZREM', KEYS[1], ARGV[i]); redis.call('HDEL', KEYS[2], ARGV[i])
-    redis.call('ZADD', KEYS[4], ARGV[i + 2], ARGV[i]); n = n + 1
-  end
-end
-local unreadable = {}
-for _ = 1, redis.call('LLEN', KEYS[5]) do
-  local raw = redis.call('RPOP', KEYS[5])
-  local ok, st = pcall(cjson.decode, raw)
-  if ok and type(st) == 'table' and type(st.id) == 'string' then
-    redis.call('HSET', KEYS[3], st.id, raw)
-    redis.call('ZADD', KEYS[4], tonumber(st.priority) or 0, st.id)
-    redis.call('ZREM', KEYS[6], st.id); n = n + 1
-  else
-    table.insert(unreadable, raw)
-  end
-end
--- What cannot be read stays, in order, for a node's take script to move to `failed` with the reason.
-for _, raw in ipairs(unreadable) do redis.call('LPUSH', KEYS[5], raw) end
-return n
-"""
-
-# commit: the control's compare-and-apply. ARGV[1] is a JSON list of guards, ARGV[2] a JSON list of writes;
-# every key either names is in KEYS (so the script is legal on Redis Cluster). Guards:
-#   ["tail_is", list, value]        the list's last element is value; it is popped
-#   ["lease_is", lease_info, leases, id, token]  the lease of id has this token; the lease and its deadline go
-#   ["zrem", zset, member]          member was in the sorted set; it is removed
-#   ["lrem", list, value]           value was in the list; one occurrence is removed
-#   ["zscore_le", zset, member, x]  member's score is <= x (e.g. a node's last heartbeat is old)
-#   ["hdel", hash, field]           the field exists; it is removed
-# Writes: ["hset", k, f, v] ["hdel", k, f] ["zadd", k, score, m] ["zrem", k, m] ["lpush", k, v] ["hincrby", k, f, n]
-#   ["del", k] ["sadd", k, m]
-# Returns 1 if applied, 0 if a guard failed (nothing written).
-_COMMIT = """
-local guards, writes = cjson.decode(ARGV[1]), cjson.decode(ARGV[2])
-local known = {hset = 1, hdel = 1, zadd = 1, zrem = 1, lpush = 1, hincrby = 1, del = 1, sadd = 1}
-for _, w in ipairs(writes) do  -- refuse a bad write before anything changes: never half-applied
-  if not known[w[1]] then return redis.error_reply('unknown write ' .. tostring(w[1])) end
-end
-for _, g in ipairs(guards) do
-  local op = g[1]
-  if op == 'tail_is' then
-    if redis.call('LINDEX', g[2], -1) ~= g[3] then return 0 end
-  elseif op == 'lease_is' then
-    local raw = redis.call('HGET', g[2], g[4])
-    if not raw or cjson.decode(raw).token ~= g[5] then return 0 end
-  elseif op == 'zrem' then
-    if not redis.call('ZSCORE', g[2], g[3]) then return 0 end
-  elseif op == 'lrem' then
-    if not redis.call('LPOS', g[2], g[3]) then return 0 end
-  elseif op == 'hdel' then
-    if redis.call('HEXISTS', g[2], g[3]) == 0 then return 0 end
-  elseif op == 'zscore_le' then
-    local s = redis.call('ZSCORE', g[2], g[3])
-    if not s or tonumber(s) > tonumber(g[4]) then return 0 end
-  else
-    return redis.error_reply('unknown guard ' .. tostring(op))
-  end
-end
-for _, g in ipairs(guards) do
-  local op = g[1]
-  if op == 'tail_is' then redis.call('RPOP', g[2])
-  elseif op == 'lease_is' then redis.call('HDEL', g[2], g[4]); redis.call('ZREM', g[3], g[4])
-  elseif op == 'zrem' then redis.call('ZREM', g[2], g[3])
-  elseif op == 'lrem' then redis.call('LREM', g[2], 1, g[3])
-  elseif op == 'hdel' then redis.call('HDEL', g[2], g[3]) end
-end
-for _, w in ipairs(writes) do
-  local op = w[1]
-  if op == 'hset' then redis.call('HSET', w[2], w[3], w[4])
-  elseif op == 'hdel' then redis.call('HDEL', w[2], w[3])
-  elseif op == 'zadd' then redis.call('ZADD', w[2], w[3], w[4])
-  elseif op == 'zrem' then redis.call('ZREM', w[2], w[3])
-  elseif op == 'lpush' then redis.call('LPUSH', w[2], w[3])
-  elseif op == 'hincrby' then redis.call('HINCRBY', w[2], w[3], w[4])
-  elseif op == 'del' then redis.call('DEL', w[2])
-  elseif op == 'sadd' then redis.call('SADD', w[2], w[3]) end
-end
-return 1
-"""
-
-# leader: take or renew the control leader lease (ttl 0: give it up if ours). KEYS: leader; ARGV: control id,
-# ttl (ms). Returns 1 if leader.
-_LEADER = """
-local cur = redis.call('GET', KEYS[1])
-if ARGV[2] == '0' then  -- resign: give the lease up if it is ours
-  if cur == ARGV[1] then redis.call('DEL', KEYS[1]) end
-  return 0
-end
-if cur == ARGV[1] or not cur then
-  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2]); return 1
-end
-return 0
-"""
+    Helpers (``lua/now.lua``) are included, not copied, so one definition serves every script; an include is
+    expanded once, at load time, and the script Redis runs is plain Lua.
+    """
+    base = resources.files(__package__).joinpath("lua")
+    source = base.joinpath(f"{name}.lua").read_text(encoding="utf-8")
+    return _INCLUDE.sub(lambda m: base.joinpath(f"{m.group(1)}.lua").read_text(encoding="utf-8"), source)
 
 
 def _keys_of(guards: Sequence[Sequence[Any]], writes: Sequence[Sequence[Any]]) -> list[str]:
@@ -250,12 +54,10 @@ class Store:
         # Typed Any on purpose: redis-py's annotations cannot express that a decode_responses client returns str.
         self.redis: Any = client
         self.keys = keys
-        self._take = client.register_script(_TAKE)
-        self._heartbeat = client.register_script(_HEARTBEAT)
-        self._finish = client.register_script(_FINISH)
-        self._release = client.register_script(_RELEASE)
-        self._commit = client.register_script(_COMMIT)
-        self._leader = client.register_script(_LEADER)
+        scripts = {name: client.register_script(load_script(name)) for name in SCRIPTS}
+        self._take, self._heartbeat, self._finish = scripts["take"], scripts["heartbeat"], scripts["finish"]
+        self._release, self._commit = scripts["release"], scripts["commit"]
+        self._lead, self._resign = scripts["lead"], scripts["resign"]
 
     def now(self) -> float:
         """Redis server time, seconds."""
@@ -330,8 +132,8 @@ class Store:
 
     def lead(self, control_id: str, ttl: float) -> bool:
         """Take or keep the control leader lease."""
-        return bool(self._leader(keys=[self.keys.leader], args=[control_id, max(1, int(ttl * 1000))]))
+        return bool(self._lead(keys=[self.keys.leader], args=[control_id, max(1, int(ttl * 1000))]))
 
-    def resign(self, control_id: str) -> None:
-        """Give up the control leader lease if this control holds it."""
-        self._leader(keys=[self.keys.leader], args=[control_id, 0])
+    def resign(self, control_id: str) -> bool:
+        """Give up the control leader lease if this control holds it; True if it did."""
+        return bool(self._resign(keys=[self.keys.leader], args=[control_id]))

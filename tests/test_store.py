@@ -606,3 +606,27 @@ def test_purge_deletes_this_prefix_only(store: Store) -> None:
         assert other.redis.lrange(other.keys.virtual, 0, -1) == ["b"]
     finally:
         other.purge()
+
+
+# --- the scripts as files --------------------------------------------------------------------------------------
+
+
+def test_every_script_is_a_file_with_a_header_naming_its_keys_and_args() -> None:
+    import re
+
+    from scheduler_ext.store import SCRIPTS, load_script
+
+    for name in SCRIPTS:
+        source = load_script(name)
+        assert "--@include" not in source, name  # includes are expanded at load time
+        for ref in set(re.findall(r"(KEYS|ARGV)\[(\d+)\]", source.split("]]", 1)[1])):
+            assert f"{ref[0]}[{ref[1]}]" in source.split("]]", 1)[0], (name, ref)  # documented in the header
+
+
+def test_resign_frees_only_our_own_lease(store: Store) -> None:
+    assert store.lead("a", 10)
+    assert not store.resign("b")
+    assert store.redis.get(store.keys.leader) == "a"
+    assert store.resign("a")
+    assert store.redis.get(store.keys.leader) is None
+    assert store.lead("b", 10)

@@ -11,7 +11,7 @@ from typing import Any
 from scrapy.commands import ScrapyCommand
 
 from product_crawl.commands._base import OutputClosed, open_store, write_line
-from scheduler_ext.defaults import setting_float
+from scheduler_ext.config import Config
 from scheduler_ext.status import collect_status
 
 
@@ -84,7 +84,7 @@ class Command(ScrapyCommand):
         if store is None:
             self.exitcode = 1
             return
-        threshold = setting_float(self.settings, "SCHEDEXT_RECALL_THRESHOLD")
+        threshold = Config.from_settings(self.settings).node_timeout
         try:
             while True:
                 status = collect_status(store, threshold)

@@ -31,7 +31,7 @@ import zlib
 from collections.abc import Sequence
 from typing import Any
 
-from ..defaults import setting_float, setting_int
+from ..config import config_for
 from ..models import Subtask
 from . import Allocation, Estimates, NodeView
 
@@ -55,13 +55,9 @@ class DynamicAllocation(Allocation):
 
     @classmethod
     def from_crawler(cls, crawler: Any) -> DynamicAllocation:
-        s = crawler.settings
-        return cls(explore_runs=setting_int(s, "SCHEDEXT_EXPLORE_RUNS"),
-                   stale_after=setting_float(s, "SCHEDEXT_ESTIMATE_STALE"),
-                   slow_factor=setting_float(s, "SCHEDEXT_SLOW_FACTOR"),
-                   rate_floor=setting_float(s, "SCHEDEXT_RATE_FLOOR"),
-                   patience=setting_float(s, "SCHEDEXT_PATIENCE"),
-                   explore_timeout=setting_float(s, "SCHEDEXT_RECALL_THRESHOLD"))
+        c = config_for(crawler)
+        return cls(explore_runs=c.explore_runs, stale_after=c.estimate_stale, slow_factor=c.slow_factor,
+                   rate_floor=c.rate_floor, patience=c.patience, explore_timeout=c.recall_age)
 
     def rate(self, subtask: Subtask, node: NodeView, estimates: Estimates, now: float) -> tuple[float, float] | None:
         """(expected results per second, seconds per page) of ``node`` for ``subtask``; None if unexplored."""

@@ -3,7 +3,7 @@
 :class:`DynamicModification` (default), the paper's rule made explicit. With ``c`` the completion estimate of
 (site, node) and ``s`` the seconds-per-page estimate of (product, site, node) of the node that ran the last subtask
 (falling back to that run's own figures), ``P0`` = ``SCHEDEXT_PAGE_LIMIT``, ``k`` = ``SCHEDEXT_TIME_SAFETY`` and
-``B`` = half the recall threshold (the longest a subtask should expect to run):
+``B`` = half the recall age (the longest a subtask should expect to run):
 
     pages      = clamp(round(2 * c * P0), PAGE_LIMIT_MIN, PAGE_LIMIT_MAX)     low completion -> fewer pages
     pages      = max(PAGE_LIMIT_MIN, min(pages, floor(B / (k * s))))          ... but expected duration <= B
@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from ..defaults import setting_float, setting_int
+from ..config import config_for
 from ..models import Report
 from . import Estimates, Modification
 
@@ -31,8 +31,8 @@ class FixedModification(Modification):
 
     @classmethod
     def from_crawler(cls, crawler: Any) -> FixedModification:
-        s = crawler.settings
-        return cls(setting_int(s, "SCHEDEXT_PAGE_LIMIT"), setting_float(s, "SCHEDEXT_TIME_LIMIT"))
+        c = config_for(crawler)
+        return cls(c.page_limit, c.time_limit)
 
     def next_limits(self, report: Report, estimates: Estimates) -> tuple[int, float]:
         return self.page_limit, self.time_limit
@@ -49,15 +49,10 @@ class DynamicModification(Modification):
 
     @classmethod
     def from_crawler(cls, crawler: Any) -> DynamicModification:
-        s = crawler.settings
-        return cls(base_pages=setting_int(s, "SCHEDEXT_PAGE_LIMIT"),
-                   min_pages=setting_int(s, "SCHEDEXT_PAGE_LIMIT_MIN"),
-                   max_pages=setting_int(s, "SCHEDEXT_PAGE_LIMIT_MAX"),
-                   min_time=setting_float(s, "SCHEDEXT_TIME_LIMIT_MIN"),
-                   max_time=setting_float(s, "SCHEDEXT_TIME_LIMIT_MAX"),
-                   safety=setting_float(s, "SCHEDEXT_TIME_SAFETY"),
-                   recall_threshold=setting_float(s, "SCHEDEXT_RECALL_THRESHOLD"),
-                   default_time=setting_float(s, "SCHEDEXT_TIME_LIMIT"))
+        c = config_for(crawler)
+        return cls(base_pages=c.page_limit, min_pages=c.page_limit_min, max_pages=c.page_limit_max,
+                   min_time=c.time_limit_min, max_time=c.time_limit_max, safety=c.time_safety,
+                   recall_threshold=c.recall_age, default_time=c.time_limit)
 
     def limits(self, completion: float | None, seconds_per_page: float | None) -> tuple[int, float]:
         """The formula itself, on plain numbers (None: no data yet).

@@ -1,7 +1,7 @@
 """Recall strategies: what happens to failed, stuck and orphaned subtasks.
 
 :class:`DynamicRecall` (default), the paper's: every failure, lapsed lease (a dead or stuck node: no finish before
-the deadline), crawl-queue entry older than ``SCHEDEXT_RECALL_THRESHOLD`` seconds, and all queued work of a node
+the deadline), crawl-queue entry older than the recall age (``SCHEDEXT_RECALL_AGE``), and all queued work of a node
 whose heartbeat lapsed is recalled: back to ``waiting`` with its attempt count raised and the failing node to avoid.
 The recall that brings the count to ``SCHEDEXT_RECALL_MAX`` sends it to the dead-letter list instead (so a subtask
 runs at most ``SCHEDEXT_RECALL_MAX`` times; the paper: "recalled 5 times, then manual handling").
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..defaults import setting_float, setting_int
+from ..config import config_for
 from ..models import Subtask
 from . import Recall, RecallDecision
 
@@ -25,8 +25,8 @@ class DynamicRecall(Recall):
 
     @classmethod
     def from_crawler(cls, crawler: Any) -> DynamicRecall:
-        s = crawler.settings
-        return cls(setting_float(s, "SCHEDEXT_RECALL_THRESHOLD"), setting_int(s, "SCHEDEXT_RECALL_MAX"))
+        c = config_for(crawler)
+        return cls(c.recall_age, c.recall_max)
 
     def decide(self, subtask: Subtask, node: str | None, reason: str, *, failed: bool) -> RecallDecision:
         if subtask.attempt + 1 >= self.max_recalls:
@@ -40,7 +40,7 @@ class NoRecall(Recall):
 
     @classmethod
     def from_crawler(cls, crawler: Any) -> NoRecall:
-        return cls(setting_float(crawler.settings, "SCHEDEXT_RECALL_THRESHOLD"))
+        return cls(config_for(crawler).recall_age)
 
     def decide(self, subtask: Subtask, node: str | None, reason: str, *, failed: bool) -> RecallDecision:
         return RecallDecision.ABANDON if failed else RecallDecision.KEEP

@@ -1,0 +1,85 @@
+--[[
+finish: end a leased subtask: run record, aggregates, moving estimates, report. Refused if the token is stale.
+
+  KEYS[1]  leasesKey      leases
+  KEYS[2]  leaseInfoKey   lease_info
+  KEYS[3]  subtasksKey    subtasks (the record is removed: the report carries the subtask)
+  KEYS[4]  reportsKey     sleeping (ok) or failed (not ok): where the report goes
+  KEYS[5]  runsKey        runs stream
+  KEYS[6]  aggSiteNodeKey agg:sn:<site>|<node> counters
+  KEYS[7]  aggTripleKey   agg:psn:<product>|<site>|<node> counters
+  KEYS[8]  aggIndexKey    agg:pairs set
+  KEYS[9]  nodeCountKey   count:node:<node> (stale_finish)
+  KEYS[10] progressKey    progress
+  KEYS[11] aggTriplesKey  agg:triples set
+  KEYS[12] estSiteKey     est:site:<site>, a field per node {c, spp, runs, last}
+  KEYS[13] estGroupKey    est:gs:<product>|<site>, a field per node {spp, runs, last}
+
+  ARGV[1]  id          subtask id
+  ARGV[2]  token       lease token
+  ARGV[3]  report      report JSON
+  ARGV[4]  runsMaxlen  approximate length of the runs stream
+  ARGV[5]  alpha       weight of the newest run in the moving estimates
+  ARGV[6]  pair        "site|node"
+  ARGV[7]  offered     results offered
+  ARGV[8]  collected   results collected
+  ARGV[9]  pages       pages crawled
+  ARGV[10] seconds     crawl seconds
+  ARGV[11] ok          1 done or timeout, 0 failed
+  ARGV[12] group       product
+  ARGV[13] node        node id
+
+Returns 1 if finished, 0 if the lease is gone or holds another token (counted as stale_finish on the node).
+]]
+--@include now
+
+local leasesKey, leaseInfoKey, subtasksKey, reportsKey, runsKey = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local aggSiteNodeKey, aggTripleKey, aggIndexKey, nodeCountKey = KEYS[6], KEYS[7], KEYS[8], KEYS[9]
+local progressKey, aggTriplesKey, estSiteKey, estGroupKey = KEYS[10], KEYS[11], KEYS[12], KEYS[13]
+local id, token, report, runsMaxlen, alpha = ARGV[1], ARGV[2], ARGV[3], ARGV[4], tonumber(ARGV[5])
+local pair, offered, collected = ARGV[6], tonumber(ARGV[7]), tonumber(ARGV[8])
+local pages, seconds, ok = tonumber(ARGV[9]), tonumber(ARGV[10]), ARGV[11] == '1'
+local group, node = ARGV[12], ARGV[13]
+
+local raw = redis.call('HGET', leaseInfoKey, id)
+local decoded, lease = pcall(cjson.decode, raw or '')
+if not raw or not decoded or type(lease) ~= 'table' or lease.token ~= token then
+  redis.call('HINCRBY', nodeCountKey, 'stale_finish', 1)
+  return 0
+end
+redis.call('ZREM', leasesKey, id)
+redis.call('HDEL', leaseInfoKey, id)
+redis.call('HDEL', subtasksKey, id)
+redis.call('XADD', runsKey, 'MAXLEN', '~', runsMaxlen, '*', 'report', report)
+redis.call('LPUSH', reportsKey, report)
+for _, key in ipairs({aggSiteNodeKey, aggTripleKey}) do  -- counters, for status and experiments
+  redis.call('HINCRBY', key, 'runs', 1)
+  redis.call('HINCRBY', key, 'offered', offered)
+  redis.call('HINCRBY', key, 'collected', collected)
+  redis.call('HINCRBY', key, 'pages', pages)
+  redis.call('HINCRBYFLOAT', key, 'seconds', seconds)
+  redis.call('HSET', key, 'last_run', string.format('%.3f', now))
+  if not ok then redis.call('HINCRBY', key, 'failures', 1) end
+end
+-- The moving estimates (recent runs weigh more): one hash per site and one per (product, site), a field per
+-- node, so that the control reads every node's figures for a site in one command.
+local function ewma(old, x) if old then return old + alpha * (x - old) end return x end
+local function estimate(key, withCompletion)
+  local old = redis.call('HGET', key, node)
+  local okOld, e = pcall(cjson.decode, old or '')
+  if not old or not okOld or type(e) ~= 'table' then e = {} end
+  e.runs = (tonumber(e.runs) or 0) + 1
+  e.last = now
+  if withCompletion then
+    if offered > 0 then e.c = ewma(tonumber(e.c), collected / offered) elseif not ok then e.c = ewma(tonumber(e.c), 0) end
+  end
+  if ok and pages > 0 then e.spp = ewma(tonumber(e.spp), seconds / pages) end
+  redis.call('HSET', key, node, cjson.encode(e))
+end
+estimate(estSiteKey, true)
+estimate(estGroupKey, false)
+redis.call('SADD', aggIndexKey, pair)
+redis.call('SADD', aggTriplesKey, group .. '|' .. pair)
+redis.call('HINCRBY', progressKey, group .. '|collected', collected)
+redis.call('HINCRBY', progressKey, group .. '|pages', pages)
+return 1

@@ -1,0 +1,47 @@
+--[[
+release: a closing node gives back the leased subtasks it will not finish, and its whole crawl queue, to waiting.
+
+  KEYS[1] leasesKey    leases
+  KEYS[2] leaseInfoKey lease_info
+  KEYS[3] subtasksKey  subtasks
+  KEYS[4] waitingKey   waiting: subtask id -> priority
+  KEYS[5] crawlKey     crawl:<node>
+  KEYS[6] queuedKey    queued
+
+  ARGV[1] node         the node's id
+  ARGV[2..] id, token, priority triples of the leases it holds
+
+Returns how many subtasks went back to waiting. Crawl-queue entries that cannot be read stay, in order, for a
+node's take script to move to `failed` with the reason.
+]]
+
+local leasesKey, leaseInfoKey, subtasksKey, waitingKey, crawlKey, queuedKey =
+  KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
+
+local n = 0
+for i = 2, #ARGV, 3 do
+  local id, token, priority = ARGV[i], ARGV[i + 1], ARGV[i + 2]
+  local raw = redis.call('HGET', leaseInfoKey, id)
+  local ok, lease = pcall(cjson.decode, raw or '')
+  if raw and ok and type(lease) == 'table' and lease.token == token then
+    redis.call('ZREM', leasesKey, id)
+    redis.call('HDEL', leaseInfoKey, id)
+    redis.call('ZADD', waitingKey, priority, id)
+    n = n + 1
+  end
+end
+local unreadable = {}
+for _ = 1, redis.call('LLEN', crawlKey) do
+  local raw = redis.call('RPOP', crawlKey)
+  local ok, st = pcall(cjson.decode, raw)
+  if ok and type(st) == 'table' and type(st.id) == 'string' then
+    redis.call('HSET', subtasksKey, st.id, raw)
+    redis.call('ZADD', waitingKey, tonumber(st.priority) or 0, st.id)
+    redis.call('ZREM', queuedKey, st.id)
+    n = n + 1
+  else
+    table.insert(unreadable, raw)
+  end
+end
+for _, raw in ipairs(unreadable) do redis.call('LPUSH', crawlKey, raw) end
+return n

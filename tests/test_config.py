@@ -1,0 +1,56 @@
+"""Tests of scheduler_ext.config: one frozen, validated configuration built from settings."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+from scrapy.settings import Settings
+
+from scheduler_ext.config import Config, backoff
+from scheduler_ext.exceptions import ConfigurationError
+
+
+def test_defaults_give_the_papers_minute_to_every_role_of_the_old_threshold() -> None:
+    c = Config.from_settings(Settings())
+    assert (c.recall_age, c.lease_ttl, c.node_timeout) == (60.0, 60.0, 60.0)
+    assert c.recall_threshold == c.recall_age
+
+
+def test_recall_threshold_still_sets_the_recall_age_and_what_defaults_to_it() -> None:
+    c = Config.from_settings(Settings({"SCHEDEXT_RECALL_THRESHOLD": "4", "SCHEDEXT_HEARTBEAT_INTERVAL": 0.5}))
+    assert (c.recall_age, c.lease_ttl, c.node_timeout) == (4.0, 4.0, 4.0)
+
+
+def test_each_role_has_its_own_setting() -> None:
+    c = Config.from_settings(Settings({"SCHEDEXT_RECALL_THRESHOLD": 50, "SCHEDEXT_RECALL_AGE": 60,
+                                       "SCHEDEXT_LEASE_TTL": 20, "SCHEDEXT_NODE_TIMEOUT": 15}))
+    assert (c.recall_age, c.lease_ttl, c.node_timeout) == (60.0, 20.0, 15.0)
+
+
+def test_config_is_frozen() -> None:
+    c = Config.from_settings(Settings())
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        c.tick_batch = 3  # type: ignore[misc]
+
+
+@pytest.mark.parametrize(("name", "value", "expected"), [
+    ("SCHEDEXT_TICK_INTERVAL", "soon", "SCHEDEXT_TICK_INTERVAL: expected a number > 0, got 'soon'"),
+    ("SCHEDEXT_TICK_INTERVAL", 0, "SCHEDEXT_TICK_INTERVAL: expected a number > 0"),
+    ("SCHEDEXT_PREFETCH", -1, "SCHEDEXT_PREFETCH: expected an integer >= 0, got -1"),
+    ("SCHEDEXT_TICK_BATCH", "1.5", "SCHEDEXT_TICK_BATCH: expected an integer >= 1"),
+    ("SCHEDEXT_ESTIMATE_ALPHA", 2, "SCHEDEXT_ESTIMATE_ALPHA: expected a number > 0 and <= 1"),
+    ("SCHEDEXT_NODE_ID", "a|b", "SCHEDEXT_NODE_ID: must not contain '|'"),
+    ("SCHEDEXT_NODE_TYPE", "x", "SCHEDEXT_NODE_TYPE: expected 0, 1 or 0,1"),
+    ("SCHEDEXT_CONTROL_ENABLED", "maybe", "SCHEDEXT_CONTROL_ENABLED: expected a boolean"),
+    ("SCHEDEXT_LEASE_TTL", 2, "SCHEDEXT_LEASE_TTL: expected more than SCHEDEXT_HEARTBEAT_INTERVAL"),
+    ("SCHEDEXT_PAGE_LIMIT_MIN", 50, "SCHEDEXT_PAGE_LIMIT_MIN: expected at most SCHEDEXT_PAGE_LIMIT_MAX"),
+])
+def test_a_bad_value_names_the_setting_and_what_was_expected(name: str, value: object, expected: str) -> None:
+    with pytest.raises(ConfigurationError) as err:
+        Config.from_settings(Settings({name: value}))
+    assert str(err.value).startswith(expected)
+
+
+def test_backoff_doubles_up_to_its_cap() -> None:
+    assert [backoff(n, 1.0, 5.0) for n in range(5)] == [0.0, 1.0, 2.0, 4.0, 5.0]
