@@ -15,11 +15,13 @@ from typing import Any
 
 import redis
 
+from .config import backoff
+
 logger = logging.getLogger(__name__)
 
 
 class Backoff:
-    """Exponential backoff on the monotonic clock: ``base`` seconds after the first failure, doubling up to ``cap``.
+    """Failures in a row and when to try again (:func:`scheduler_ext.config.backoff`: ``base`` doubled up to ``cap``).
 
     >>> b = Backoff(1.0, 4.0, clock=lambda: 0.0)
     >>> b.ready(), b.failed(), b.failed(), b.failed(), b.failed(), b.ready()
@@ -30,23 +32,24 @@ class Backoff:
 
     def __init__(self, base: float = 0.5, cap: float = 10.0, clock: Callable[[], float] = time.monotonic) -> None:
         self.base, self.cap, self.clock = base, cap, clock
-        self.delay = 0.0
+        self.failures = 0
         self._next = 0.0
 
     @property
     def failing(self) -> bool:
-        return self.delay > 0
+        return self.failures > 0
 
     def ready(self) -> bool:
         return self.clock() >= self._next
 
     def failed(self) -> float:
-        self.delay = min(self.cap, max(self.base, self.delay * 2))
-        self._next = self.clock() + self.delay
-        return self.delay
+        self.failures += 1
+        delay = backoff(self.failures, self.base, self.cap)
+        self._next = self.clock() + delay
+        return delay
 
     def ok(self) -> None:
-        self.delay = 0.0
+        self.failures = 0
         self._next = 0.0
 
 

@@ -1,11 +1,12 @@
 """The node scheduler: feeds a Scrapy engine from this node's crawl queue in Redis, as fast as Scrapy may crawl.
 
-Settings: ``SCHEDEXT_NODE_ID``, ``SCHEDEXT_NODE_TYPE``, ``SCHEDEXT_BIND_ADDRESS``, ``SCHEDEXT_CONCURRENT_SUBTASKS``,
-``SCHEDEXT_PREFETCH``, ``SCHEDEXT_HEARTBEAT_INTERVAL``, ``SCHEDEXT_REFILL_INTERVAL``, ``SCHEDEXT_IDLE_CLOSE``,
-``SCHEDEXT_RECALL_THRESHOLD`` (the lease time-to-live), ``SCHEDEXT_LEASE_GRACE``, ``SCHEDEXT_ESTIMATE_ALPHA``,
-``SCHEDEXT_RUNS_MAXLEN``, ``SCHEDEXT_TICK_INTERVAL`` (the control's, to size the prefetch), the politeness settings
-of :mod:`scheduler_ext.politeness`, ``SCHEDEXT_PREFIX``; Scrapy's ``CONCURRENT_REQUESTS`` and
-``CONCURRENT_REQUESTS_PER_DOMAIN``; Redis from ``REDIS_URL`` / ``REDIS_PARAMS``.
+Settings (through :class:`scheduler_ext.config.Config`): ``SCHEDEXT_NODE_ID``, ``SCHEDEXT_NODE_TYPE``,
+``SCHEDEXT_BIND_ADDRESS``, ``SCHEDEXT_CONCURRENT_SUBTASKS``, ``SCHEDEXT_PREFETCH``, ``SCHEDEXT_HEARTBEAT_INTERVAL``,
+``SCHEDEXT_REFILL_INTERVAL``, ``SCHEDEXT_IDLE_CLOSE``, ``SCHEDEXT_LEASE_TTL``, ``SCHEDEXT_LEASE_GRACE``,
+``SCHEDEXT_ESTIMATE_ALPHA``, ``SCHEDEXT_RUNS_MAXLEN``, ``SCHEDEXT_PAGE_LIMIT`` and ``SCHEDEXT_TICK_INTERVAL`` (to size
+the prefetch), ``SCHEDEXT_BACKOFF_MAX``, the politeness settings of :mod:`scheduler_ext.politeness`,
+``SCHEDEXT_PREFIX``; Scrapy's ``CONCURRENT_REQUESTS`` and ``CONCURRENT_REQUESTS_PER_DOMAIN``; Redis from
+``REDIS_URL`` / ``REDIS_PARAMS``.
 
 How it works (docs/node.md):
 - **Demand-driven takes.** The node takes a subtask from ``crawl:<node>`` (one short script call) whenever fewer
@@ -54,33 +55,18 @@ from scrapy.utils.httpobj import urlparse_cached
 from scrapy.utils.reactor import CallLaterOnce
 
 from .backoff import Backoff, guarded
+from .config import Config, config_for
 from .connection import redis_from_settings
-from .defaults import setting, setting_float, setting_int
 from .exceptions import ConfigurationError, InvalidInput
 from .keys import Keys
 from .models import Report, Subtask
 from .politeness import Limits, Politeness
-from .store import Store
+from .store import Store, load_script
 from .tracker import META_PAGE, META_SID, Active, Tracker, attach
 
 logger = logging.getLogger(__name__)
 
 META_SITE = "schedext_site"  # the politeness site of a request (its subtask's site, else its host)
-
-
-def node_identity(settings: Any) -> tuple[str, list[int], str | None]:
-    """(node id, node types, bind address) from settings, validated."""
-    node_id = setting(settings, "SCHEDEXT_NODE_ID") or f"{socket.gethostname()}-{os.getpid()}"
-    raw_types = str(setting(settings, "SCHEDEXT_NODE_TYPE"))
-    try:
-        types = sorted({int(t) for t in raw_types.replace(" ", "").split(",") if t != ""})
-    except ValueError as exc:
-        raise ConfigurationError(f"SCHEDEXT_NODE_TYPE: expected 0, 1 or 0,1, got {raw_types!r}") from exc
-    if not types or any(t < 0 for t in types):
-        raise ConfigurationError(f"SCHEDEXT_NODE_TYPE: expected 0, 1 or 0,1, got {raw_types!r}")
-    if ":" in node_id or "|" in node_id:
-        raise ConfigurationError(f"SCHEDEXT_NODE_ID: ':' and '|' are not allowed, got {node_id!r}")
-    return str(node_id), types, setting(settings, "SCHEDEXT_BIND_ADDRESS")
 
 
 @dataclass(frozen=True)
@@ -101,24 +87,20 @@ class Pace:
     tick: float = 1.0
 
     @classmethod
-    def from_settings(cls, settings: Any) -> Pace:
-        """
-        >>> Pace.from_settings({})
+    def from_config(cls, config: Config, settings: Any) -> Pace:
+        """From scheduler_ext's config and Scrapy's own concurrency settings.
+
+        >>> from scrapy.settings import Settings
+        >>> Pace.from_config(Config(), Settings())
         Pace(ready=8, max_leases=16, prefetch=None, prefetch_min=3, prefetch_max=64, tick=1.0)
-        >>> Pace.from_settings({"CONCURRENT_REQUESTS": 4, "SCHEDEXT_PREFETCH": 2, "SCHEDEXT_CONCURRENT_SUBTASKS": 1})
+        >>> Pace.from_config(Config(concurrent_subtasks=1, prefetch=2), Settings({"CONCURRENT_REQUESTS": 4}))
         Pace(ready=4, max_leases=1, prefetch=2, prefetch_min=2, prefetch_max=16, tick=1.0)
         """
-        get = settings.get
-        requests = max(1, int(get("CONCURRENT_REQUESTS") or 16))
-        ready = max(1, min(requests, int(get("CONCURRENT_REQUESTS_PER_DOMAIN") or 8)))
-        leases = setting(settings, "SCHEDEXT_CONCURRENT_SUBTASKS")
-        fixed = setting(settings, "SCHEDEXT_PREFETCH")
-        prefetch = None if fixed is None or fixed == "" else max(0, int(fixed))
-        page_limit = max(1, setting_int(settings, "SCHEDEXT_PAGE_LIMIT"))
-        start = math.ceil(ready / page_limit) + 1 if prefetch is None else prefetch
-        return cls(ready=ready, max_leases=max(1, int(leases)) if leases else requests, prefetch=prefetch,
-                   prefetch_min=start, prefetch_max=max(start, 4 * requests),
-                   tick=setting_float(settings, "SCHEDEXT_TICK_INTERVAL"))
+        requests = max(1, settings.getint("CONCURRENT_REQUESTS"))
+        ready = max(1, min(requests, settings.getint("CONCURRENT_REQUESTS_PER_DOMAIN")))
+        start = math.ceil(ready / config.page_limit) + 1 if config.prefetch is None else config.prefetch
+        return cls(ready=ready, max_leases=config.concurrent_subtasks or requests, prefetch=config.prefetch,
+                   prefetch_min=start, prefetch_max=max(start, 4 * requests), tick=config.tick_interval)
 
 
 @dataclass
@@ -175,31 +157,21 @@ class SubtaskScheduler:
         self.politeness: Politeness | None = None
         if limits is not None and limits.enabled:
             self.politeness = Politeness(limits, node=node_id, address=bind_address, keys=store.keys,
-                                         script=store.script("polite"), in_downloader=self._in_downloader)
+                                         script=store.redis.register_script(load_script("polite")),
+                                         in_downloader=self._in_downloader)
 
     @classmethod
     def from_crawler(cls, crawler: Any) -> SubtaskScheduler:
-        s = crawler.settings
-        node_id, types, address = node_identity(s)
-        store = Store(redis_from_settings(s), Keys(setting(s, "SCHEDEXT_PREFIX")))
-        limits = Limits(site_concurrency=setting_int(s, "SCHEDEXT_SITE_CONCURRENCY"),
-                        site_rate=setting_float(s, "SCHEDEXT_SITE_RATE"),
-                        address_concurrency=setting_int(s, "SCHEDEXT_SITE_ADDRESS_CONCURRENCY"),
-                        address_rate=setting_float(s, "SCHEDEXT_SITE_ADDRESS_RATE"),
-                        interval=setting_float(s, "SCHEDEXT_POLITENESS_INTERVAL"))
+        c = config_for(crawler)
+        limits = Limits(site_concurrency=c.site_concurrency, site_rate=c.site_rate,
+                        address_concurrency=c.site_address_concurrency, address_rate=c.site_address_rate,
+                        interval=c.politeness_interval)
         return cls(
-            crawler, store, node_id=node_id, node_types=types, bind_address=address,
-            pace=Pace.from_settings(s),
-            heartbeat_interval=setting_float(s, "SCHEDEXT_HEARTBEAT_INTERVAL"),
-            refill_interval=setting_float(s, "SCHEDEXT_REFILL_INTERVAL"),
-            idle_close=setting_float(s, "SCHEDEXT_IDLE_CLOSE"),
-            lease_ttl=setting_float(s, "SCHEDEXT_RECALL_THRESHOLD"),
-            grace=setting_float(s, "SCHEDEXT_LEASE_GRACE"),
-            alpha=setting_float(s, "SCHEDEXT_ESTIMATE_ALPHA"),
-            runs_maxlen=setting_int(s, "SCHEDEXT_RUNS_MAXLEN"),
-            take_batch=setting_int(s, "SCHEDEXT_TAKE_BATCH"),
-            limits=limits,
-        )
+            crawler, Store(redis_from_settings(crawler.settings), Keys(c.prefix)), node_id=c.node_id,
+            node_types=list(c.node_types), bind_address=c.bind_address, pace=Pace.from_config(c, crawler.settings),
+            heartbeat_interval=c.heartbeat_interval, refill_interval=c.refill_interval, idle_close=c.idle_close,
+            lease_ttl=c.lease_ttl, grace=c.lease_grace, alpha=c.estimate_alpha, runs_maxlen=c.runs_maxlen,
+            take_batch=c.take_batch, limits=limits, backoff_max=c.backoff_max)
 
     # --- Scrapy's scheduler interface -----------------------------------------------------------------------
     def open(self, spider: Spider) -> None:

@@ -19,10 +19,10 @@ import redis
 from scrapy.statscollectors import MemoryStatsCollector
 from scrapy.utils.asyncio import create_looping_call
 
+from .backoff import Backoff, guarded
+from .config import config_for
 from .connection import redis_from_settings
-from .defaults import setting, setting_float
 from .keys import Keys
-from .scheduler import node_identity
 
 logger = logging.getLogger(__name__)
 
@@ -30,11 +30,12 @@ logger = logging.getLogger(__name__)
 class RedisStatsCollector(MemoryStatsCollector):
     def __init__(self, crawler: Any, client: redis.Redis | None = None) -> None:
         super().__init__(crawler)
-        settings = crawler.settings
-        self.node_id = node_identity(settings)[0]
-        self.keys = Keys(setting(settings, "SCHEDEXT_PREFIX"))
-        self.redis = client if client is not None else redis_from_settings(settings)
-        self.interval = setting_float(settings, "SCHEDEXT_STATS_FLUSH_INTERVAL")
+        c = config_for(crawler)
+        self.node_id = c.node_id
+        self.keys = Keys(c.prefix)
+        self.redis = client if client is not None else redis_from_settings(crawler.settings)
+        self.interval = c.stats_flush_interval
+        self._flush = guarded("stats flush", self.flush, Backoff(self.interval, c.backoff_max))
         self._pending: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
         self._loop: Any = None
 
@@ -48,7 +49,11 @@ class RedisStatsCollector(MemoryStatsCollector):
                 self._pending[self.keys.stats("site", site)][f"{self.node_id}/{name}"] += count
 
     def flush(self) -> None:
-        """Send the buffered deltas in one transaction; on failure keep them for the next flush."""
+        """Send the buffered deltas in one transaction; on failure keep them for the next flush (and re-raise).
+
+        A MULTI transaction is all or nothing, so a failed flush sent none of its deltas and resending them counts
+        nothing twice.
+        """
         if not self._pending:
             return
         pending, self._pending = self._pending, defaultdict(lambda: defaultdict(float))
@@ -61,19 +66,22 @@ class RedisStatsCollector(MemoryStatsCollector):
                         else:
                             pipe.hincrbyfloat(key, name, delta)
                 pipe.execute()
-        except redis.RedisError as exc:  # keep the deltas; they go out with the next flush
-            logger.warning("stats flush failed (%s); will retry", exc)
+        except BaseException:
             for key, fields in pending.items():
                 for name, delta in fields.items():
                     self._pending[key][name] += delta
+            raise
 
     def open_spider(self, spider: Any = None) -> None:
         super().open_spider()
-        self._loop = create_looping_call(self.flush)
+        self._loop = create_looping_call(self._flush)
         self._loop.start(self.interval, now=False)
 
     def close_spider(self, spider: Any = None, reason: str | None = None) -> None:
         if self._loop is not None and self._loop.running:
             self._loop.stop()
-        self.flush()
+        try:
+            self.flush()
+        except redis.RedisError as exc:  # Redis away at close: these last deltas are lost, the crawl's items are not
+            logger.error("last stats flush failed (%s); %d counters not sent", exc, len(self._pending))
         super().close_spider(reason=reason)
