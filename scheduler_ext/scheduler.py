@@ -179,6 +179,7 @@ class SubtaskScheduler:
             raise ConfigurationError(f"spider {spider.name!r} has no subtask_requests(subtask) method; "
                                      "SubtaskScheduler needs one to turn a subtask into requests")
         self.crawler.signals.connect(self._on_idle, signal=signals.spider_idle)
+        self.crawler.signals.connect(self._wake_engine, signal=signals.request_left_downloader)
         self._heartbeat()
         loops = [(self._heartbeat, self.heartbeat_interval), (self._refill_tick, self.refill_interval)]
         if self.politeness is not None:
@@ -275,9 +276,11 @@ class SubtaskScheduler:
         return (len(self.tracker.active) + len(self._unsent) < self.pace.max_leases
                 and self._ready_pages() < self.pace.ready)
 
-    def _wake_engine(self) -> None:
-        # Scrapy asks the scheduler for requests when a download ends or a request is scheduled; a politeness
-        # grant is neither, so nudge the engine's own "next call" (there is no public hook for this).
+    def _wake_engine(self, **_: Any) -> None:
+        # Scrapy's engine asks the scheduler for more only when a response has been fully scraped (its items
+        # through the pipelines: for us, acknowledged by MongoDB) or a request is scheduled. A download that
+        # left the downloader, or a politeness grant, frees room earlier: nudge the engine's own "next call"
+        # (CallLaterOnce: many nudges in one reactor turn make one call; there is no public hook for this).
         slot = getattr(getattr(self.crawler, "engine", None), "_slot", None)
         if slot is not None:
             slot.nextcall.schedule()
@@ -318,6 +321,13 @@ class SubtaskScheduler:
             self._heartbeat_soon.schedule()
 
     def _refill_tick(self) -> None:
+        if os.environ.get("SCHEDEXT_DIAG"):
+            d = self.crawler.engine.downloader
+            logger.warning("DIAG active=%d transferring=%d slotq=%d local=%d leases=%d unsent=%d pending_pages=%d items_out=%d",
+                           len(d.active), sum(len(s.transferring) for s in d.slots.values()),
+                           sum(len(s.queue) for s in d.slots.values()), len(self), len(self.tracker.active),
+                           len(self._unsent), sum(len(a.pages_pending) for a in self.tracker.active.values()),
+                           sum(a.items_outstanding for a in self.tracker.active.values()))
         self._send()
         self._refill()
 
