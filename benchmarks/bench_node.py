@@ -49,7 +49,8 @@ from product_crawl.simweb.profile import load_profile  # noqa: E402
 from product_crawl.tasks import parse_virtual_task  # noqa: E402
 
 ADDRESS = "127.0.0.2"
-PRODUCTS = ("光明高钙牛奶", "特仑苏", "蒙牛早餐奶", "雀巢中老年奶粉", "伊利纯牛奶", "三元酸奶", "君乐宝奶粉", "飞鹤奶粉")
+PRODUCTS = ("光明高钙牛奶", "特仑苏", "蒙牛早餐奶", "雀巢中老年奶粉",
+            "伊利纯牛奶", "三元酸奶", "君乐宝奶粉", "飞鹤奶粉")
 SITES = ("12315.com", "315tousu.org", "t.163.com", "cca.org.cn", "weibo.com")
 PAGES = 120  # result pages per query fed to (a) and (b): more than any side crawls in the window
 SIDES = ("plain", "scrapy_redis", "ours")
@@ -259,9 +260,13 @@ def main() -> None:
                               f"{res['items']} items, peak RSS {res['peak_rss_mb']:.0f} MB", flush=True)
                 summary = {side: {"pages_per_s": round(sum(x["pages_per_s"] for x in v) / len(v), 1),
                                   "runs": [round(x["pages_per_s"], 1) for x in v],
+                                  "node_cpu_ms_per_page": round(sum(x["node_cpu_ms_per_page"] for x in v) / len(v), 2),
+                                  "node_cpu_share": round(sum(x["node_cpu_share"] for x in v) / len(v), 2),
                                   "peak_rss_mb": round(max(x["peak_rss_mb"] for x in v), 1)}
                            for side, v in runs.items()}
                 summary["ours"]["control_rss_mb"] = round(max(x["control_rss_mb"] for x in runs["ours"]), 1)
+                summary["ours"]["control_cpu_share"] = round(
+                    sum(x["control_cpu_share"] for x in runs["ours"]) / len(runs["ours"]), 3)
                 plain = summary["plain"]["pages_per_s"] or 1.0
                 summary["ratio_ours_plain"] = round(summary["ours"]["pages_per_s"] / plain, 2)
                 summary["ratio_scrapy_redis_plain"] = round(summary["scrapy_redis"]["pages_per_s"] / plain, 2)

@@ -46,6 +46,7 @@ from scrapy import Request
 from .keys import Keys
 
 TOKEN_LIFETIME = 1.0  # seconds a granted token may wait before it is dropped
+UNSEEN_GRACE = 1.0  # seconds a handed-out request counts in flight before it is seen in the downloader
 
 
 @dataclass(frozen=True)
@@ -79,7 +80,8 @@ class _Scope:
 @dataclass
 class _Site:
     scopes: list[_Scope]
-    inflight: set[Request] = field(default_factory=set)
+    # Request -> when dispatched, or None once seen in the downloader (see Politeness.inflight).
+    inflight: dict[Request, float | None] = field(default_factory=dict)
 
 
 class Politeness:
@@ -110,12 +112,21 @@ class Politeness:
         return s
 
     def inflight(self, site: str) -> int:
-        """Requests of ``site`` this node started that are still in the downloader."""
+        """Requests of ``site`` this node started that may still be in the downloader.
+
+        A request enters the downloader right after the scheduler hands it out, in the same reactor turn, and
+        leaves it when its download (and the downloader middlewares) are done. One not seen there yet counts for
+        up to ``UNSEEN_GRACE`` seconds (a request dropped before it got there); one seen there counts until it left.
+        """
         s = self.sites.get(site)
         if s is None:
             return 0
-        active = self.in_downloader()
-        s.inflight = {r for r in s.inflight if r in active}
+        active, now = self.in_downloader(), self.clock()
+        for request, dispatched in list(s.inflight.items()):
+            if request in active:
+                s.inflight[request] = None
+            elif dispatched is None or now - dispatched > UNSEEN_GRACE:
+                del s.inflight[request]
         return len(s.inflight)
 
     def allows(self, site: str) -> bool:
@@ -133,7 +144,7 @@ class Politeness:
 
     def dispatched(self, site: str, request: Request) -> None:
         s = self._site(site)
-        s.inflight.add(request)
+        s.inflight[request] = self.clock()
         for sc in s.scopes:
             if sc.rate:
                 sc.tokens -= 1

@@ -184,6 +184,7 @@ class SubtaskScheduler:
         loops = [(self._heartbeat, self.heartbeat_interval), (self._refill_tick, self.refill_interval)]
         if self.politeness is not None:
             loops.append((self._polite_sync, self.politeness.limits.interval))
+            logger.info("politeness across the cluster: %s", self.politeness.limits)
         for fn, interval in loops:
             loop = create_looping_call(fn)
             loop.start(interval, now=False)
@@ -321,13 +322,6 @@ class SubtaskScheduler:
             self._heartbeat_soon.schedule()
 
     def _refill_tick(self) -> None:
-        if os.environ.get("SCHEDEXT_DIAG"):
-            d = self.crawler.engine.downloader
-            logger.warning("DIAG active=%d transferring=%d slotq=%d local=%d leases=%d unsent=%d pending_pages=%d items_out=%d",
-                           len(d.active), sum(len(s.transferring) for s in d.slots.values()),
-                           sum(len(s.queue) for s in d.slots.values()), len(self), len(self.tracker.active),
-                           len(self._unsent), sum(len(a.pages_pending) for a in self.tracker.active.values()),
-                           sum(a.items_outstanding for a in self.tracker.active.values()))
         self._send()
         self._refill()
 
