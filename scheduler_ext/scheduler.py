@@ -32,7 +32,7 @@ How it works (docs/node.md):
 
 Stats: ``schedext/subtasks/taken``, ``schedext/subtasks/done``, ``schedext/subtasks/timeout``,
 ``schedext/subtasks/failed``, ``schedext/subtasks/stale_finish``, ``schedext/subtasks/malformed``,
-``schedext/subtasks/released``, ``schedext/subtasks/finish_retried``, ``schedext/pages/dropped``.
+``schedext/subtasks/released``, ``schedext/pages/dropped``.
 """
 
 from __future__ import annotations
@@ -150,6 +150,7 @@ class SubtaskScheduler:
                     for name in ("refill", "heartbeat", "finish", "politeness")}
         self._refill = guarded("taking subtasks", self.refill, backoffs["refill"])
         self._heartbeat = guarded("heartbeat", self.heartbeat, backoffs["heartbeat"])
+        self._paced_heartbeat = guarded("heartbeat", self._beat, backoffs["heartbeat"])
         self._send = guarded("finishing subtasks", self.send_finishes, backoffs["finish"])
         self._polite_sync = guarded("politeness sync", self.sync_politeness, backoffs["politeness"])
         self._refill_soon = CallLaterOnce(self._refill)
@@ -181,7 +182,7 @@ class SubtaskScheduler:
         self.crawler.signals.connect(self._on_idle, signal=signals.spider_idle)
         self.crawler.signals.connect(self._wake_engine, signal=signals.request_left_downloader)
         self._heartbeat()
-        loops = [(self._heartbeat, self.heartbeat_interval), (self._refill_tick, self.refill_interval)]
+        loops = [(self._paced_heartbeat, self.heartbeat_interval), (self._refill_tick, self.refill_interval)]
         if self.politeness is not None:
             loops.append((self._polite_sync, self.politeness.limits.interval))
             logger.info("politeness across the cluster: %s", self.politeness.limits)
@@ -265,13 +266,11 @@ class SubtaskScheduler:
         return self.crawler.engine.downloader.active
 
     def _ready_pages(self) -> int:
-        """Pages that could start downloading now: waiting here (on sites politeness lets through) or in the
-        downloader's slot queues."""
-        polite = self.politeness
-        here = sum(len(q) for site, q in self.queues.items() if polite is None or polite.allows(site))
+        """Pages waiting to download: here (politeness may be holding them back: a node must not hoard subtasks it
+        cannot start) or in the downloader's slot queues."""
         engine = getattr(self.crawler, "engine", None)
         slots = engine.downloader.slots.values() if engine is not None else ()
-        return here + sum(len(slot.queue) for slot in slots)
+        return len(self) + sum(len(slot.queue) for slot in slots)
 
     def _has_room(self) -> bool:
         return (len(self.tracker.active) + len(self._unsent) < self.pace.max_leases
@@ -292,8 +291,11 @@ class SubtaskScheduler:
                 "address": self.bind_address, "capacity": self.pace.max_leases, "prefetch": self.prefetch,
                 "subtasks": sorted(self.tracker.active)}
 
-    def heartbeat(self) -> None:
+    def _beat(self) -> None:
         self._adapt_prefetch()
+        self.heartbeat()
+
+    def heartbeat(self) -> None:
         leases = [(sid, a.token) for sid, a in self.tracker.active.items() if not a.lost]
         leases += [(sid, f.token) for sid, f in self._unsent.items()]  # kept alive until their finish is sent
         lost = self.store.heartbeat(self.node_id, self.node_info(), self.lease_ttl, leases)
