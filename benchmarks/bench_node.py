@@ -46,6 +46,7 @@ from product_crawl import services  # noqa: E402
 from product_crawl.engines.baidu import BaiduEngine  # noqa: E402
 from product_crawl.simweb import SimWebProcess  # noqa: E402
 from product_crawl.simweb.profile import load_profile  # noqa: E402
+from product_crawl.spiders.redis_search import ResultPages  # noqa: E402
 from product_crawl.tasks import parse_virtual_task  # noqa: E402
 
 ADDRESS = "127.0.0.2"
@@ -96,8 +97,8 @@ def page_entries(base_url: str) -> list[dict[str, Any]]:
             for page in range(PAGES) for product, words, site in queries]
 
 
-class PlainSearchSpider(Spider):
-    """Side (a): every page as a start request, parsed like the other sides (``scrapy runspider`` this file)."""
+class PlainSearchSpider(ResultPages, Spider):
+    """Side (a): every page as a start request, parsed like side (b) (``scrapy runspider`` this file)."""
 
     name = "plain_search"
     custom_settings = {"ITEM_PIPELINES": {"product_crawl.pipelines.MongoPipeline": 300}, "RETRY_ENABLED": False,
@@ -106,18 +107,6 @@ class PlainSearchSpider(Spider):
     async def start(self) -> Any:
         for entry in json.loads(Path(self.settings.get("BENCH_PAGES")).read_text()):
             yield Request(entry["url"], meta=entry["meta"], dont_filter=True)
-
-    def parse(self, response: Any, **kwargs: Any) -> Any:
-        from product_crawl.spiders.redis_search import RedisSearchSpider
-
-        yield from RedisSearchSpider.parse(self, response)  # the same parsing and items as side (b)
-
-    def engine(self, name: str) -> Any:
-        if not hasattr(self, "_engine"):
-            from product_crawl.engines import get_engine
-
-            self._engine = get_engine(name, self.settings)
-        return self._engine
 
 
 # --- running one side --------------------------------------------------------------------------------------

@@ -47,30 +47,22 @@ REDIS_NODE_SETTINGS: dict[str, Any] = {
 }
 
 
-class RedisSearchSpider(RedisSpider):
-    name = "redis_search"
-    custom_settings = REDIS_NODE_SETTINGS
+class ResultPages:
+    """Parsing of a result page without subtasks: the page's query (words, site) from its URL, the product from
+    ``meta["product"]``, the same items as the search node's; with ``meta["follow"]`` the next page too. Shared by
+    this spider and the plain Scrapy spider of benchmarks/bench_node.py."""
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self._engines: dict[str, Engine] = {}
-
-    def make_request_from_data(self, data: bytes | str) -> Request | list[Request]:
-        """A GET of the entry's URL with its meta (scrapy-redis's own would send the extra keys as a form)."""
-        try:
-            entry = json.loads(data)
-            url, meta = str(entry["url"]), dict(entry.get("meta") or {})
-        except (ValueError, KeyError, TypeError) as exc:  # not our JSON: log and skip, as scrapy-redis does
-            self.logger.warning("start URL entry is not {\"url\": ..., \"meta\": {...}} JSON (%s): %r", exc, data)
-            return []
-        return Request(url, callback=self.parse, meta=meta, dont_filter=True)
+    settings: Any
+    crawler: Any
 
     def engine(self, name: str) -> Engine:
-        if name not in self._engines:
-            self._engines[name] = get_engine(name, self.settings)
-        return self._engines[name]
+        engines = self.__dict__.setdefault("_engines", {})
+        if name not in engines:
+            engines[name] = get_engine(name, self.settings)
+        return engines[name]
 
     def parse(self, response: Any, **kwargs: Any) -> Iterator[Any]:
+        """Items of one result page (block pages are counted, not parsed) and, with ``follow``, its next page."""
         if not isinstance(response, TextResponse):
             return
         engine = self.engine(str(response.meta.get("engine") or "baidu"))
@@ -91,6 +83,21 @@ class RedisSearchSpider(RedisSpider):
         if response.meta.get("follow") and result.has_next:
             yield Request(engine.page_url(words, site, page + 1), callback=self.parse,
                           meta={**_carried(response.meta), "page": page + 1})
+
+
+class RedisSearchSpider(ResultPages, RedisSpider):
+    name = "redis_search"
+    custom_settings = REDIS_NODE_SETTINGS
+
+    def make_request_from_data(self, data: bytes | str) -> Request | list[Request]:
+        """A GET of the entry's URL with its meta (scrapy-redis's own would send the extra keys as a form)."""
+        try:
+            entry = json.loads(data)
+            url, meta = str(entry["url"]), dict(entry.get("meta") or {})
+        except (ValueError, KeyError, TypeError) as exc:  # not our JSON: log and skip, as scrapy-redis does
+            self.logger.warning("start URL entry is not {\"url\": ..., \"meta\": {...}} JSON (%s): %r", exc, data)
+            return []
+        return Request(url, callback=self.parse, meta=meta, dont_filter=True)
 
 
 def _carried(meta: dict[str, Any]) -> dict[str, Any]:
