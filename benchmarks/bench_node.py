@@ -1,6 +1,6 @@
 """Pages per second of one crawl node: plain Scrapy, scrapy-redis and ours, on the same result pages.
 
-Run: ``.venv/bin/python benchmarks/bench_node.py [--seconds 20] [--rounds 2]`` (or ``make bench``);
+Run: ``.venv/bin/python benchmarks/bench_node.py [--seconds 30] [--rounds 2]`` (or ``make bench``);
 docs/benchmarks.md explains it.
 
 Three sides, each one process bound to 127.0.0.2, each with default Scrapy concurrency and no tuning:
@@ -45,7 +45,6 @@ from scrapy import Request, Spider  # noqa: E402
 from product_crawl import services  # noqa: E402
 from product_crawl.engines.baidu import BaiduEngine  # noqa: E402
 from product_crawl.simweb import SimWebProcess  # noqa: E402
-from product_crawl.simweb.profile import load_profile  # noqa: E402
 from product_crawl.spiders.redis_search import ResultPages  # noqa: E402
 from product_crawl.tasks import parse_virtual_task  # noqa: E402
 
@@ -66,7 +65,7 @@ def fast_profile() -> dict[str, Any]:
 
 def paper_profile() -> dict[str, Any]:
     """The paper profile with errors and captchas off: its shares and latencies, per node and site."""
-    raw = json.loads(Path(load_profile("paper").source).read_text())
+    raw = json.loads((ROOT / "product_crawl" / "simweb" / "profiles" / "paper.json").read_text())
 
     def clean(rule: dict[str, Any]) -> None:
         for key in ("error_rate", "block_rate"):
@@ -222,7 +221,7 @@ def run_side(side: str, profile: Path, seconds: float, *, redis_url: str, mongo_
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--seconds", type=float, default=20.0, help="measured window per run (default 20)")
+    parser.add_argument("--seconds", type=float, default=30.0, help="measured window per run (default 30)")
     parser.add_argument("--rounds", type=int, default=2, help="runs of each side per profile (default 2)")
     parser.add_argument("--profiles", default="fast,paper", help="fast, paper or both (default)")
     args = parser.parse_args()
@@ -262,13 +261,13 @@ def main() -> None:
                 summary["ratio_ours_scrapy_redis"] = round(
                     summary["ours"]["pages_per_s"] / (summary["scrapy_redis"]["pages_per_s"] or 1.0), 2)
                 out[name] = summary
+                RESULTS.parent.mkdir(parents=True, exist_ok=True)
+                RESULTS.write_text(json.dumps(out, indent=2, ensure_ascii=False) + "\n")  # what is done so far
                 print(f"{name}: ours / plain Scrapy {summary['ratio_ours_plain']:.2f}x (goal >= 0.9), "
                       f"ours / scrapy-redis {summary['ratio_ours_scrapy_redis']:.2f}x (goal > 1)", flush=True)
         finally:
             services.stop_pid(redis_proc.pid)
             services.stop_pid(mongo_proc.pid)
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(out, indent=2, ensure_ascii=False) + "\n")
     print(json.dumps(out, ensure_ascii=False))
 
 
