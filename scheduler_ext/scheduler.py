@@ -17,9 +17,10 @@ How it works (docs/node.md):
   ``SCHEDEXT_REFILL_INTERVAL`` as a fallback. ``next_request`` itself never touches Redis.
 - **Prefetch sized by the node's own pace.** The node advertises ``prefetch`` (in its heartbeat): how many entries
   the control may queue ahead. Unless ``SCHEDEXT_PREFETCH`` fixes it, that is about two control ticks of this
-  node's measured take rate, doubled at once when the node finds its queue empty while busy, bounded by
-  ``4 x CONCURRENT_REQUESTS``: enough that the control's tick never starves the node, few enough that work is not
-  committed to a node long before it can start (late binding stays meaningful).
+  node's measured take rate, doubled at once (at most once per ``SCHEDEXT_REFILL_INTERVAL``) when the node finds
+  its queue empty while busy, bounded by ``4 x CONCURRENT_REQUESTS``: enough that the control's tick never starves
+  the node, few enough that work is not committed to a node long before it can start (late binding stays
+  meaningful).
 - A second looping call (``SCHEDEXT_HEARTBEAT_INTERVAL``) registers the node and renews its leases; a lease it lost
   (recalled by the control) stops its remaining pages.
 - When a subtask completes (every page resolved, every item out of the pipelines), the node finishes it in one
@@ -82,7 +83,7 @@ class Pace:
     ready: int = 8
     max_leases: int = 16
     prefetch: int | None = None
-    prefetch_min: int = 3
+    prefetch_min: int = 5
     prefetch_max: int = 64
     tick: float = 1.0
 
@@ -92,13 +93,13 @@ class Pace:
 
         >>> from scrapy.settings import Settings
         >>> Pace.from_config(Config(), Settings())
-        Pace(ready=8, max_leases=16, prefetch=None, prefetch_min=3, prefetch_max=64, tick=1.0)
+        Pace(ready=8, max_leases=16, prefetch=None, prefetch_min=5, prefetch_max=64, tick=1.0)
         >>> Pace.from_config(Config(concurrent_subtasks=1, prefetch=2), Settings({"CONCURRENT_REQUESTS": 4}))
         Pace(ready=4, max_leases=1, prefetch=2, prefetch_min=2, prefetch_max=16, tick=1.0)
         """
         requests = max(1, settings.getint("CONCURRENT_REQUESTS"))
         ready = max(1, min(requests, settings.getint("CONCURRENT_REQUESTS_PER_DOMAIN")))
-        start = math.ceil(ready / config.page_limit) + 1 if config.prefetch is None else config.prefetch
+        start = math.ceil(requests / config.page_limit) + 1 if config.prefetch is None else config.prefetch
         return cls(ready=ready, max_leases=config.concurrent_subtasks or requests, prefetch=config.prefetch,
                    prefetch_min=start, prefetch_max=max(start, 4 * requests), tick=config.tick_interval)
 
@@ -318,7 +319,7 @@ class SubtaskScheduler:
         """The crawl queue was empty while the node had room: if it is busy, ask the control for more at once."""
         now = time.monotonic()
         if (self.pace.prefetch is None and self.tracker.active and self.prefetch < self.pace.prefetch_max
-                and now - self._grown_at >= self.pace.tick):
+                and now - self._grown_at >= self.refill_interval):
             self.prefetch = min(self.pace.prefetch_max, 2 * self.prefetch)
             self._grown_at = now
             self._heartbeat_soon.schedule()
