@@ -26,11 +26,15 @@ def _estimate(raw: str | None) -> dict[str, Any]:
     return json.loads(raw) if raw else {}
 
 
-def collect_status(store: Store, node_timeout: float = 60.0) -> dict[str, Any]:
+def collect_status(store: Store, node_timeout: float = 60.0, *, recall_threshold: float | None = None
+                   ) -> dict[str, Any]:
     """Everything ``scrapy status`` shows, as plain JSON-ready data. Cost: O(nodes x sites + products).
 
-    A node is alive if its last heartbeat is at most ``node_timeout`` seconds old (``Config.node_timeout``).
+    A node is alive if its last heartbeat is at most ``node_timeout`` seconds old (``Config.node_timeout``);
+    ``recall_threshold`` is its older name, kept for callers that pass it by keyword.
     """
+    if recall_threshold is not None:
+        node_timeout = recall_threshold
     r, k = store.redis, store.keys
     now = store.now()
     node_ids = set(r.hkeys(k.nodes)) | set(r.zrange(k.node_seen, 0, -1))
