@@ -53,10 +53,27 @@ class Backoff:
         self._next = 0.0
 
 
-def guarded(name: str, body: Callable[[], Any], backoff: Backoff) -> Callable[[], None]:
+def record_failure(name: str, backoff: Backoff, exc: BaseException) -> None:
+    """Back off after ``exc``; log the first failure of a run of failures, not every attempt."""
+    if isinstance(exc, redis.RedisError):  # Redis away: try again after the backoff, with state re-read then
+        if not backoff.failing:
+            logger.error("%s failed, Redis unreachable (%s); retrying with backoff", name, exc)
+    else:  # a bug or an unforeseen record: the loop must outlive it
+        logger.error("%s failed; retrying with backoff", name, exc_info=exc)
+    backoff.failed()
+
+
+def record_success(name: str, backoff: Backoff) -> None:
+    if backoff.failing:
+        logger.info("%s works again", name)
+    backoff.ok()
+
+
+def guarded(name: str, body: Callable[[], Any], backoff: Backoff, *, settles: bool = True) -> Callable[[], None]:
     """``body`` for a looping call: skipped while backing off; an error backs off instead of ending the loop.
 
-    Logs the first failure of a run of failures (and the recovery), not every attempt.
+    ``settles=False``: ``body`` only starts work that reports its own outcome later (:func:`record_success`,
+    :func:`record_failure`, from a worker thread's result), so its returning is not yet a success.
     """
 
     def run() -> None:
@@ -64,17 +81,10 @@ def guarded(name: str, body: Callable[[], Any], backoff: Backoff) -> Callable[[]
             return
         try:
             body()
-        except redis.RedisError as exc:  # Redis away: try again after the backoff, with state re-read then
-            if not backoff.failing:
-                logger.error("%s failed, Redis unreachable (%s); retrying with backoff", name, exc)
-            backoff.failed()
+        except Exception as exc:  # noqa: BLE001 (logged by record_failure; the loop must go on)
+            record_failure(name, backoff, exc)
             return
-        except Exception:  # a bug or an unforeseen record: the loop must outlive it
-            logger.exception("%s failed; retrying with backoff", name)
-            backoff.failed()
-            return
-        if backoff.failing:
-            logger.info("%s works again", name)
-        backoff.ok()
+        if settles:
+            record_success(name, backoff)
 
     return run

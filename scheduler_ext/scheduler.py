@@ -54,8 +54,9 @@ from scrapy.exceptions import DontCloseSpider
 from scrapy.utils.asyncio import create_looping_call
 from scrapy.utils.httpobj import urlparse_cached
 from scrapy.utils.reactor import CallLaterOnce
+from twisted.internet import threads
 
-from .backoff import Backoff, guarded
+from .backoff import Backoff, guarded, record_failure, record_success
 from .config import Config, config_for
 from .connection import redis_from_settings
 from .exceptions import ConfigurationError, InvalidInput
@@ -147,12 +148,14 @@ class SubtaskScheduler:
         self._taken = 0  # takes since the last heartbeat (the pace that sizes the prefetch)
         self._paced_at = time.monotonic()
         self._grown_at = -math.inf
-        backoffs = {name: Backoff(min(1.0, refill_interval), backoff_max)
-                    for name in ("refill", "heartbeat", "finish", "politeness")}
-        self._refill = guarded("taking subtasks", self.refill, backoffs["refill"])
+        backoffs = self._backoffs = {name: Backoff(min(1.0, refill_interval), backoff_max)
+                                     for name in ("refill", "heartbeat", "finish", "politeness")}
+        self._taking = False  # a take is on its way (worker thread)
+        self._sending: str | None = None  # the subtask whose finish is on its way (worker thread)
+        self._refill = guarded("taking subtasks", self.refill, backoffs["refill"], settles=False)
         self._heartbeat = guarded("heartbeat", self.heartbeat, backoffs["heartbeat"])
         self._paced_heartbeat = guarded("heartbeat", self._beat, backoffs["heartbeat"])
-        self._send = guarded("finishing subtasks", self.send_finishes, backoffs["finish"])
+        self._send = guarded("finishing subtasks", self.send_finishes, backoffs["finish"], settles=False)
         self._polite_sync = guarded("politeness sync", self.sync_politeness, backoffs["politeness"])
         self._refill_soon = CallLaterOnce(self._refill)
         self._heartbeat_soon = CallLaterOnce(self._heartbeat)
@@ -204,7 +207,7 @@ class SubtaskScheduler:
             if loop.running:
                 loop.stop()
         try:
-            self.send_finishes()
+            self._send_remaining()
             leases = [(a.subtask.id, a.token, a.subtask.priority) for a in self.tracker.active.values()
                       if not a.lost]
             moved = self.store.release(self.node_id, leases)
@@ -329,14 +332,41 @@ class SubtaskScheduler:
         self._refill()
 
     def refill(self) -> None:
-        """Take subtasks while this node has room; hand their page requests to the engine."""
-        while not self._closing and self._has_room():
-            taken = self.store.take(self.node_id, self.lease_ttl, self.grace, self.take_batch)
-            if taken is None:
-                self._starved()
-                return
-            self._taken += 1
-            self._start(*taken)
+        """Take a subtask if this node has room; its pages go to the engine when the lease comes back.
+
+        The take's round trip runs in a worker thread (the reactor goes on meanwhile), one at a time; a successful
+        take asks for the next at once, so a node with room takes until it has none or the queue is empty.
+        """
+        if self._closing or self._taking or not self._has_room():
+            return
+        self._taking = True
+        d = threads.deferToThread(self.store.take, self.node_id, self.lease_ttl, self.grace, self.take_batch)
+        d.addCallbacks(self._took, self._take_failed)
+
+    def _took(self, taken: tuple[str, str, float] | None) -> None:
+        self._taking = False
+        record_success("taking subtasks", self._backoffs["refill"])
+        if taken is None:
+            self._starved()
+            return
+        if self._closing:  # taken while the node was closing: straight back to waiting
+            self._release_late(taken)
+            return
+        self._taken += 1
+        self._start(*taken)
+        self._refill_soon.schedule()
+
+    def _take_failed(self, failure: Any) -> None:
+        self._taking = False
+        record_failure("taking subtasks", self._backoffs["refill"], failure.value)
+
+    def _release_late(self, taken: tuple[str, str, float]) -> None:
+        raw, token, _ = taken
+        try:
+            obj = json.loads(raw)
+            self.store.release(self.node_id, [(str(obj["id"]), token, float(obj.get("priority") or 0))])
+        except (redis.RedisError, ValueError, KeyError, TypeError) as exc:  # its lease lapses; the control recalls it
+            logger.error("could not return a subtask taken while closing (%s); it will be recalled", exc)
 
     def sync_politeness(self) -> None:
         if self.politeness is None or self._closing:
@@ -413,20 +443,47 @@ class SubtaskScheduler:
             self._refill_soon.schedule()
 
     def send_finishes(self) -> None:
-        """Send every finish not sent yet, oldest first; a Redis error leaves the rest for the next try."""
+        """Send the oldest finish not sent yet, in a worker thread; the next follows when it is answered. A Redis
+        error keeps it (and its lease, renewed by the heartbeat) for the next try."""
+        if self._sending is not None or not self._unsent:
+            return
+        sid, f = next(iter(self._unsent.items()))
+        self._sending = sid
+        d = threads.deferToThread(self._send_one, sid, f)
+        d.addCallbacks(lambda accepted: self._sent(sid, f, accepted), self._send_failed)
+
+    def _send_one(self, sid: str, f: _Finish) -> bool:
+        r, st = f.report, f.report.subtask
+        return self.store.finish(sid, f.token, r.to_json(), node=self.node_id, site=st.site, group=st.group,
+                                 offered=r.offered, collected=r.collected, pages=r.pages, seconds=r.seconds,
+                                 ok=r.ok, alpha=self.alpha, runs_maxlen=self.runs_maxlen)
+
+    def _sent(self, sid: str, f: _Finish, accepted: bool) -> None:
+        self._sending = None
+        record_success("finishing subtasks", self._backoffs["finish"])
+        self._unsent.pop(sid, None)
+        r = f.report
+        if not accepted:
+            self.stats.inc_value("schedext/subtasks/stale_finish")
+            logger.warning("finish of subtask %s refused: its lease was recalled meanwhile", sid)
+        elif r.subtask.payload.get("malformed") is None:
+            self.stats.inc_value(f"schedext/subtasks/{r.outcome}")
+            logger.info("subtask %s %s: %d/%d results, %d pages%s", sid, r.outcome, r.collected, r.offered,
+                        r.pages, f" ({r.reason})" if r.reason else "")
+        if self._unsent:
+            self.send_finishes()
+        if not self._closing:
+            self._refill_soon.schedule()
+
+    def _send_failed(self, failure: Any) -> None:
+        self._sending = None
+        record_failure("finishing subtasks", self._backoffs["finish"], failure.value)
+
+    def _send_remaining(self) -> None:
+        """On close: send what is left, here and now (a finish already on its way in a thread is left to it)."""
         for sid, f in list(self._unsent.items()):
-            r, st = f.report, f.report.subtask
-            accepted = self.store.finish(sid, f.token, r.to_json(), node=self.node_id, site=st.site,
-                                         group=st.group, offered=r.offered, collected=r.collected, pages=r.pages,
-                                         seconds=r.seconds, ok=r.ok, alpha=self.alpha, runs_maxlen=self.runs_maxlen)
-            del self._unsent[sid]
-            if not accepted:
-                self.stats.inc_value("schedext/subtasks/stale_finish")
-                logger.warning("finish of subtask %s refused: its lease was recalled meanwhile", sid)
-            elif r.subtask.payload.get("malformed") is None:
-                self.stats.inc_value(f"schedext/subtasks/{r.outcome}")
-                logger.info("subtask %s %s: %d/%d results, %d pages%s", sid, r.outcome, r.collected, r.offered,
-                            r.pages, f" ({r.reason})" if r.reason else "")
+            if sid != self._sending:
+                self._sent(sid, f, self._send_one(sid, f))
 
     # --- keeping the spider open ---------------------------------------------------------------------------
     def _on_idle(self) -> None:
