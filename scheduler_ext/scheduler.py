@@ -9,9 +9,10 @@ the prefetch), ``SCHEDEXT_BACKOFF_MAX``, the politeness settings of :mod:`schedu
 ``REDIS_URL`` / ``REDIS_PARAMS``.
 
 How it works (docs/node.md):
-- **Demand-driven takes.** The node takes a subtask from ``crawl:<node>`` (one short script call) whenever fewer
-  pages are ready to download than Scrapy could start at once (``CONCURRENT_REQUESTS_PER_DOMAIN``): pages waiting
-  here plus pages waiting in the downloader's slot queues. So the engine never waits for a subtask, and delays,
+- **Demand-driven takes.** The node takes a subtask from ``crawl:<node>`` (one script call in a worker thread, so
+  the reactor never waits on the round trip) whenever fewer pages are ready to download than Scrapy could start
+  at once (``CONCURRENT_REQUESTS_PER_DOMAIN``): pages waiting here plus pages waiting in the downloader's slot
+  queues. So the engine never waits for a subtask, and delays,
   AutoThrottle or politeness that slow the downloads also slow the takes (no subtask is leased to sit idle).
   A take is tried when the engine asks for a request, when a subtask finishes, and every
   ``SCHEDEXT_REFILL_INTERVAL`` as a fallback. ``next_request`` itself never touches Redis.
@@ -24,8 +25,9 @@ How it works (docs/node.md):
 - A second looping call (``SCHEDEXT_HEARTBEAT_INTERVAL``) registers the node and renews its leases; a lease it lost
   (recalled by the control) stops its remaining pages.
 - When a subtask completes (every page resolved, every item out of the pipelines), the node finishes it in one
-  script that checks the lease token. A finish that fails (Redis away) is kept, its lease renewed, and retried
-  with the same token until Redis answers; the script refuses it if the subtask was recalled meanwhile.
+  script that checks the lease token (in a worker thread, one finish at a time). A finish that fails (Redis away)
+  is kept, its lease renewed, and retried with the same token until Redis answers; the script refuses it if the
+  subtask was recalled meanwhile.
 - Every loop (take, heartbeat, finish, politeness) survives errors and backs off (:mod:`scheduler_ext.backoff`).
 - The spider stays open while the cluster has work; ``SCHEDEXT_IDLE_CLOSE`` > 0 lets it close after that many
   idle seconds (batch use). On close (SIGTERM included) unfinished subtasks and the crawl queue go straight back
