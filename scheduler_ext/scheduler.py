@@ -472,9 +472,8 @@ class SubtaskScheduler:
             self.stats.inc_value(f"schedext/subtasks/{r.outcome}")
             logger.info("subtask %s %s: %d/%d results, %d pages%s", sid, r.outcome, r.collected, r.offered,
                         r.pages, f" ({r.reason})" if r.reason else "")
-        if self._unsent:
+        if not self._closing:  # on close, _send_remaining sends the rest itself
             self.send_finishes()
-        if not self._closing:
             self._refill_soon.schedule()
 
     def _send_failed(self, failure: Any) -> None:

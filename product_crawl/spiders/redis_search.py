@@ -3,9 +3,9 @@
 A plain scrapy-redis deployment of the same crawl: a ``RedisSpider`` that reads result-page URLs from
 ``REDIS_START_URLS_KEY`` (JSON entries ``{"url": ..., "meta": {"product": ..., "follow": true}}``), scrapy-redis's
 scheduler, queue and ``RFPDupeFilter`` shared by every node through Redis, and the same engines, items and MongoDB
-pipeline as the search node. With ``follow`` the spider queues the next result page of its query when the engine
-links one (what a scrapy-redis user writes), so a query's pages go one after another through the shared queue and
-any node may fetch the next one. No scheduling model: no allocation, no modification, no recall.
+pipeline as the search node. With ``follow`` the spider queues, from a query's first page, every other page of the
+query (their number follows from the reported count), so any node may fetch any page in parallel through the
+shared queue. No scheduling model: no allocation, no modification, no recall.
 
 The experiment runs it as the ``scrapy_redis`` configuration, the node benchmark as its (b) side
 (docs/experiment.md, docs/benchmarks.md).
@@ -49,8 +49,8 @@ REDIS_NODE_SETTINGS: dict[str, Any] = {
 
 class ResultPages:
     """Parsing of a result page without subtasks: the page's query (words, site) from its URL, the product from
-    ``meta["product"]``, the same items as the search node's; with ``meta["follow"]`` the next page too. Shared by
-    this spider and the plain Scrapy spider of benchmarks/bench_node.py."""
+    ``meta["product"]``, the same items as the search node's; with ``meta["follow"]`` on a query's first page, every
+    other page of the query. Shared by this spider and the plain Scrapy spider of benchmarks/bench_node.py."""
 
     settings: Any
     crawler: Any
@@ -62,7 +62,8 @@ class ResultPages:
         return engines[name]
 
     def parse(self, response: Any, **kwargs: Any) -> Iterator[Any]:
-        """Items of one result page (block pages are counted, not parsed) and, with ``follow``, its next page."""
+        """Items of one result page (block pages are counted, not parsed) and, with ``follow``, the query's other
+        pages."""
         if not isinstance(response, TextResponse):
             return
         engine = self.engine(str(response.meta.get("engine") or "baidu"))
@@ -80,9 +81,13 @@ class ResultPages:
                                    title=r.title, url=r.url, snippet=r.snippet, date=r.date, rank=r.rank, page=page,
                                    task_id="", subtask_id="", node_id=self.settings.get("SCHEDEXT_NODE_ID") or "",
                                    crawled_at=now)
-        if response.meta.get("follow") and result.has_next:
-            yield Request(engine.page_url(words, site, page + 1), callback=self.parse,
-                          meta={**_carried(response.meta), "page": page + 1})
+        if response.meta.get("follow") and page == 0 and result.has_next:
+            # The first page tells how many there are: queue all the others at once, so that every node can fetch
+            # them in parallel (what a scrapy-redis user who wants speed writes).
+            last = engine.pages_for(result.reported) if result.reported is not None else 2
+            for p in range(1, max(2, last)):
+                yield Request(engine.page_url(words, site, p), callback=self.parse,
+                              meta={"product": product, "engine": engine.name, "page": p})
 
 
 class RedisSearchSpider(ResultPages, RedisSpider):
@@ -98,10 +103,6 @@ class RedisSearchSpider(ResultPages, RedisSpider):
             self.logger.warning("start URL entry is not {\"url\": ..., \"meta\": {...}} JSON (%s): %r", exc, data)
             return []
         return Request(url, callback=self.parse, meta=meta, dont_filter=True)
-
-
-def _carried(meta: dict[str, Any]) -> dict[str, Any]:
-    return {k: meta[k] for k in ("product", "engine", "follow") if k in meta}
 
 
 # --- the scheduler's JSON serializer (SCHEDULER_SERIALIZER) -------------------------------------------------------
