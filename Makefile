@@ -39,6 +39,7 @@ typecheck: $(STAMP)
 	$(BIN)/mypy
 
 bench: $(STAMP)
+	$(BIN)/python benchmarks/bench_node.py
 	$(BIN)/python benchmarks/bench_scheduler.py
 	$(BIN)/python benchmarks/bench_control.py
 

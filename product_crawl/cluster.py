@@ -105,9 +105,9 @@ class LocalCluster:
         self.procs[name] = proc
         return proc
 
-    def start_node(self, node: NodeSpec, **extra: Any) -> subprocess.Popen[bytes]:
-        return self._spawn(node.id, "search", {"SCHEDEXT_NODE_ID": node.id, "SCHEDEXT_BIND_ADDRESS": node.address,
-                                               "SCHEDEXT_NODE_TYPE": node.types, **extra})
+    def start_node(self, node: NodeSpec, spider: str = "search", **extra: Any) -> subprocess.Popen[bytes]:
+        return self._spawn(node.id, spider, {"SCHEDEXT_NODE_ID": node.id, "SCHEDEXT_BIND_ADDRESS": node.address,
+                                             "SCHEDEXT_NODE_TYPE": node.types, **extra})
 
     def start_control(self, name: str = "control", **extra: Any) -> subprocess.Popen[bytes]:
         return self._spawn(name, "control", {"SCHEDEXT_CONTROL_ID": name, **extra})

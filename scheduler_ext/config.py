@@ -106,14 +106,20 @@ class Config:
     node_id: str = ""
     node_types: tuple[int, ...] = (0, 1)
     bind_address: str | None = None
-    concurrent_subtasks: int = 1
-    prefetch: int = 1
+    concurrent_subtasks: int = 0  # 0: CONCURRENT_REQUESTS (scheduler.Pace)
+    prefetch: int | None = None  # None: adaptive (scheduler.Pace)
     heartbeat_interval: float = 5.0
     refill_interval: float = 0.5
     idle_close: float = 0.0
     lease_grace: float = 10.0
     take_batch: int = 8
     middleware_enabled: bool = True
+    # politeness across the cluster (0 = no limit)
+    site_concurrency: int = 0
+    site_rate: float = 0.0
+    site_address_concurrency: int = 0
+    site_address_rate: float = 0.0
+    politeness_interval: float = 0.1
     # subtask defaults
     page_limit: int = 5
     time_limit: float = 30.0
@@ -182,14 +188,20 @@ class Config:
             node_id=_text(s, "SCHEDEXT_NODE_ID", forbid=":|") or host,
             node_types=_node_types(s),
             bind_address=_text(s, "SCHEDEXT_BIND_ADDRESS"),
-            concurrent_subtasks=_number(s, "SCHEDEXT_CONCURRENT_SUBTASKS", int, low=1),
-            prefetch=_number(s, "SCHEDEXT_PREFETCH", int, low=0),
+            concurrent_subtasks=_number(s, "SCHEDEXT_CONCURRENT_SUBTASKS", int, low=0),
+            prefetch=None if _raw(s, "SCHEDEXT_PREFETCH") in (None, "")
+            else _number(s, "SCHEDEXT_PREFETCH", int, low=0),
             heartbeat_interval=heartbeat,
             refill_interval=_seconds(s, "SCHEDEXT_REFILL_INTERVAL"),
             idle_close=_seconds(s, "SCHEDEXT_IDLE_CLOSE", zero_ok=True),
             lease_grace=_seconds(s, "SCHEDEXT_LEASE_GRACE", zero_ok=True),
             take_batch=_number(s, "SCHEDEXT_TAKE_BATCH", int, low=1),
             middleware_enabled=_flag(s, "SCHEDEXT_MIDDLEWARE_ENABLED"),
+            site_concurrency=_number(s, "SCHEDEXT_SITE_CONCURRENCY", int, low=0),
+            site_rate=_number(s, "SCHEDEXT_SITE_RATE", float, low=0.0),
+            site_address_concurrency=_number(s, "SCHEDEXT_SITE_ADDRESS_CONCURRENCY", int, low=0),
+            site_address_rate=_number(s, "SCHEDEXT_SITE_ADDRESS_RATE", float, low=0.0),
+            politeness_interval=_seconds(s, "SCHEDEXT_POLITENESS_INTERVAL"),
             page_limit=_number(s, "SCHEDEXT_PAGE_LIMIT", int, low=1),
             time_limit=_seconds(s, "SCHEDEXT_TIME_LIMIT"),
             control_enabled=_flag(s, "SCHEDEXT_CONTROL_ENABLED"),

@@ -16,13 +16,19 @@ DEFAULTS: dict[str, Any] = {
     "SCHEDEXT_NODE_ID": None,  # str; default "<hostname>-<pid>"
     "SCHEDEXT_NODE_TYPE": "0,1",  # node types served: "0", "1" or "0,1"
     "SCHEDEXT_BIND_ADDRESS": None,  # source IP address of every request the node makes
-    "SCHEDEXT_CONCURRENT_SUBTASKS": 1,  # subtasks a node crawls at once (leases held)
-    "SCHEDEXT_PREFETCH": 1,  # subtasks the control may queue ahead in a node's crawl queue
+    "SCHEDEXT_CONCURRENT_SUBTASKS": 0,  # subtasks a node holds at most (leases); 0 = CONCURRENT_REQUESTS
+    "SCHEDEXT_PREFETCH": None,  # subtasks the control may queue ahead for a node; None = adaptive (docs/node.md)
     "SCHEDEXT_HEARTBEAT_INTERVAL": 5.0,  # seconds between node heartbeats and lease renewals
-    "SCHEDEXT_REFILL_INTERVAL": 0.5,  # seconds between attempts to take work when the node has room
+    "SCHEDEXT_REFILL_INTERVAL": 0.5,  # seconds between fallback attempts to take work (takes are demand-driven)
     "SCHEDEXT_IDLE_CLOSE": 0.0,  # seconds the cluster may be idle before a node closes; 0 = never
     "SCHEDEXT_LEASE_GRACE": 10.0,  # seconds a lease may outlive its subtask's time limit before recall
     "SCHEDEXT_TAKE_BATCH": 8,  # malformed entries a take may skip (moving them to failed) in one call
+    # --- politeness across the cluster (0 = no limit) ------------------------------------------------------
+    "SCHEDEXT_SITE_CONCURRENCY": 0,  # requests in flight per site, all nodes together
+    "SCHEDEXT_SITE_RATE": 0.0,  # requests per second per site, all nodes together
+    "SCHEDEXT_SITE_ADDRESS_CONCURRENCY": 0,  # requests in flight per (site, source address)
+    "SCHEDEXT_SITE_ADDRESS_RATE": 0.0,  # requests per second per (site, source address)
+    "SCHEDEXT_POLITENESS_INTERVAL": 0.1,  # seconds between a node's politeness syncs with Redis
     # --- subtask defaults --------------------------------------------------------------------------------
     "SCHEDEXT_PAGE_LIMIT": 5,  # pages in a task's first subtask
     "SCHEDEXT_TIME_LIMIT": 30.0,  # seconds for a task's first subtask

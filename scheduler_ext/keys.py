@@ -172,6 +172,19 @@ class Keys:
         """Capped list of audit records (JSON, newest first) of manual actions: dead-letter requeue and drop."""
         return self._k("audit")
 
+    # --- politeness (scheduler_ext/politeness.py); <limit> is "<site>" or "<site>|<address>" ------------------
+    def polite_slots(self, limit: str) -> str:
+        """Hash node -> request slots it holds on ``limit``; field ``|sum`` is the total. Expires when unused."""
+        return self._k(f"polite:slots:{limit}")
+
+    def polite_seen(self, limit: str) -> str:
+        """Sorted set node -> when its holding on ``limit`` lapses unless renewed (Redis time, seconds)."""
+        return self._k(f"polite:seen:{limit}")
+
+    def polite_bucket(self, limit: str) -> str:
+        """Hash {tokens, ts}: the token bucket of ``limit``'s request rate. Expires when unused."""
+        return self._k(f"polite:bucket:{limit}")
+
     def stats(self, scope: str, name: str) -> str:
         """Hash of Scrapy stats flushed by nodes: scope is "node" or "site"."""
         return self._k(f"stats:{scope}:{name}")

@@ -19,10 +19,10 @@ import redis
 from scrapy.statscollectors import MemoryStatsCollector
 from scrapy.utils.asyncio import create_looping_call
 
+from .backoff import Backoff, guarded
+from .config import config_for
 from .connection import redis_from_settings
-from .defaults import setting, setting_float
 from .keys import Keys
-from .scheduler import node_identity
 
 logger = logging.getLogger(__name__)
 
@@ -30,50 +30,67 @@ logger = logging.getLogger(__name__)
 class RedisStatsCollector(MemoryStatsCollector):
     def __init__(self, crawler: Any, client: redis.Redis | None = None) -> None:
         super().__init__(crawler)
-        settings = crawler.settings
-        self.node_id = node_identity(settings)[0]
-        self.keys = Keys(setting(settings, "SCHEDEXT_PREFIX"))
-        self.redis = client if client is not None else redis_from_settings(settings)
-        self.interval = setting_float(settings, "SCHEDEXT_STATS_FLUSH_INTERVAL")
-        self._pending: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
+        c = config_for(crawler)
+        self.node_id = c.node_id
+        self.keys = Keys(c.prefix)
+        self.redis = client if client is not None else redis_from_settings(crawler.settings)
+        self.interval = c.stats_flush_interval
+        self._flush = guarded("stats flush", self.flush, Backoff(self.interval, c.backoff_max))
+        self._pending: dict[str, float] = defaultdict(float)  # stat -> delta not yet sent (cheap per event)
         self._loop: Any = None
 
     def inc_value(self, key: str, count: int = 1, start: int = 0, spider: Any = None) -> None:
         super().inc_value(key, count, start)
         if isinstance(count, (int, float)) and not isinstance(count, bool):
-            self._pending[self.keys.stats("node", self.node_id)][key] += count
+            self._pending[key] += count
+
+    def _writes(self, pending: dict[str, float]) -> dict[str, dict[str, float]]:
+        """The hash increments for these deltas: every stat to the node's hash, ``site/<site>/<name>`` also to the
+        site's hash as ``<name>`` and ``<node>/<name>``."""
+        out: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
+        node_key = self.keys.stats("node", self.node_id)
+        for key, delta in pending.items():
+            out[node_key][key] += delta
             if key.startswith("site/"):
                 _, site, name = key.split("/", 2)
-                self._pending[self.keys.stats("site", site)][name] += count
-                self._pending[self.keys.stats("site", site)][f"{self.node_id}/{name}"] += count
+                site_key = self.keys.stats("site", site)
+                out[site_key][name] += delta
+                out[site_key][f"{self.node_id}/{name}"] += delta
+        return out
 
     def flush(self) -> None:
-        """Send the buffered deltas in one transaction; on failure keep them for the next flush."""
+        """Send the buffered deltas in one MULTI transaction; on failure keep them for the next flush (and re-raise).
+
+        A transaction that fails before EXEC changed nothing, so resending counts nothing twice; only a connection
+        lost after EXEC reached Redis, before its reply, can count one flush twice (stats, never scheduling state).
+        """
         if not self._pending:
             return
-        pending, self._pending = self._pending, defaultdict(lambda: defaultdict(float))
+        pending, self._pending = self._pending, defaultdict(float)
         try:
             with self.redis.pipeline(transaction=True) as pipe:
-                for key, fields in pending.items():
+                for key, fields in self._writes(pending).items():
                     for name, delta in fields.items():
                         if float(delta).is_integer():
                             pipe.hincrby(key, name, int(delta))
                         else:
                             pipe.hincrbyfloat(key, name, delta)
                 pipe.execute()
-        except redis.RedisError as exc:  # keep the deltas; they go out with the next flush
-            logger.warning("stats flush failed (%s); will retry", exc)
-            for key, fields in pending.items():
-                for name, delta in fields.items():
-                    self._pending[key][name] += delta
+        except BaseException:
+            for key, delta in pending.items():
+                self._pending[key] += delta
+            raise
 
     def open_spider(self, spider: Any = None) -> None:
         super().open_spider()
-        self._loop = create_looping_call(self.flush)
+        self._loop = create_looping_call(self._flush)
         self._loop.start(self.interval, now=False)
 
     def close_spider(self, spider: Any = None, reason: str | None = None) -> None:
         if self._loop is not None and self._loop.running:
             self._loop.stop()
-        self.flush()
+        try:
+            self.flush()
+        except redis.RedisError as exc:  # Redis away at close: these last deltas are lost, the crawl's items are not
+            logger.error("last stats flush failed (%s); %d counters not sent", exc, len(self._pending))
         super().close_spider(reason=reason)

@@ -168,3 +168,54 @@ def test_mongodb_write_error_fails_the_subtask_and_drops_nothing_silently(cluste
     [failure] = reports(cluster, "failed")
     assert failure["subtask"]["id"] == "m1" and "item pipeline error" in failure["reason"]
     assert not cluster.redis.llen(keys.sleeping)  # reported as failed, so the control recalls it
+
+
+def test_a_finished_subtask_frees_its_slot_and_the_next_is_taken_at_once(cluster: LocalCluster) -> None:
+    cluster.start_simweb(FAST_PROFILE)
+    push(cluster, "node1", *[subtask(f"n{i}", first_page=3 * i).to_json() for i in range(3)])
+    # One subtask at a time and no refill timer to speak of: only the finish of one can start the next.
+    node = cluster.start_node(NodeSpec("node1", "127.0.0.2"), SCHEDEXT_CONCURRENT_SUBTASKS=1,
+                              SCHEDEXT_REFILL_INTERVAL=3600, SCHEDEXT_IDLE_CLOSE=1)
+    assert node.wait(60) == 0
+    done = sorted((Report.from_json(r) for r in cluster.redis.lrange(cluster.store.keys.sleeping, 0, -1)),
+                  key=lambda r: r.started)
+    assert [r.subtask.id for r in done] == ["n0", "n1", "n2"] and all(r.outcome == "done" for r in done)
+    assert all(a.ended <= b.started for a, b in zip(done, done[1:], strict=False))  # one after the other
+    assert cluster.items() == sum(r.collected for r in done) > 0
+
+
+def test_node_survives_a_redis_restart_and_sends_the_finish_it_could_not(cluster: LocalCluster, tmp_path: Any
+                                                                         ) -> None:
+    from product_crawl import services
+
+    port = services.free_port()
+    data = tmp_path / "private-redis"
+    server = services.start_redis_server(port, data)
+    url = f"redis://127.0.0.1:{port}/0"
+    private = LocalCluster(redis_url=url, mongo_uri=cluster.mongo_uri, mongo_db=cluster.mongo_db,
+                           prefix=cluster.prefix, log_dir=tmp_path / "logs", settings=dict(cluster.settings))
+    try:
+        private.start_simweb(FAST_PROFILE)
+        keys = private.store.keys
+        push(private, "node1", subtask("r1", site="slow.example", pages=3).to_json())
+        private.start_node(NodeSpec("node1", "127.0.0.2"), CONCURRENT_REQUESTS=1, SCHEDEXT_BACKOFF_MAX=1,
+                           SCHEDEXT_STATS_FLUSH_INTERVAL=0.5)
+        assert private.wait_for(lambda: private.redis.zscore(keys.leases, "r1") is not None, 60)
+        private.redis.close()
+        services.stop_pid(server.pid)  # Redis goes away while r1 is crawled (its data is kept on disk)
+        log = tmp_path / "logs" / "node1.log"
+        assert private.wait_for(lambda: "finishing subtasks failed, Redis unreachable" in log.read_text(), 60)
+        server = services.start_redis_server(port, data)  # and comes back
+        # The finish is sent again with the same token and accepted: the report exists, the lease is gone.
+        assert private.wait_for(lambda: private.redis.llen(keys.sleeping) == 1, 60)
+        assert Report.from_json(private.redis.lindex(keys.sleeping, 0)).subtask.id == "r1"
+        assert private.redis.zscore(keys.leases, "r1") is None
+        # Every loop came back by itself: the node takes new work, heartbeats and flushes its stats.
+        push(private, "node1", subtask("r2", pages=2).to_json())
+        assert private.wait_for(lambda: private.redis.llen(keys.sleeping) == 2, 60)
+        assert private.wait_for(
+            lambda: private.redis.hget(keys.stats("node", "node1"), "schedext/subtasks/done") == "2", 30)
+        assert private.alive("node1") and "Traceback" not in log.read_text()
+    finally:
+        private.stop()
+        services.stop_pid(server.pid)

@@ -75,7 +75,8 @@ def plot_completion(summary: dict[str, Any], configuration: str, path: Path) -> 
                 if lab not in labels:
                     handles.append(h)
                     labels.append(lab)
-    fig.legend(handles, labels, loc="lower center", ncol=min(len(labels), 6), fontsize=8)
+    if labels:  # a configuration without estimates (scrapy_redis) has no lines to name
+        fig.legend(handles, labels, loc="lower center", ncol=min(len(labels), 6), fontsize=8)
     fig.suptitle(f"Completion per site on each node ({configuration}): line = moving estimate, "
                  f"dots = measured over {WINDOW:.0f} s", fontsize=10)
     fig.tight_layout(rect=(0, 0.06, 1, 0.96))

@@ -54,6 +54,8 @@ CONFIGURATIONS: dict[str, tuple[str, dict[str, str]]] = {
                {"SCHEDEXT_ALLOCATION": "product_crawl.oracle.OracleAllocation",
                 "SCHEDEXT_MODIFICATION": _MOD + "DynamicModification",
                 "SCHEDEXT_RECALL": _RECALL + "DynamicRecall"}),
+    "scrapy_redis": ("scrapy-redis itself: RedisSpider nodes on its shared queue and dupefilter (JSON), each query's "
+                     "next page queued as its page is parsed; no control", {}),
     "no_allocation": ("dynamic with allocation switched to its baseline (shared queue)",
                       {"SCHEDEXT_ALLOCATION": _ALLOC + "SharedAllocation"}),
     "no_modification": ("dynamic with modification switched to its baseline (fixed subtask size)",
@@ -128,7 +130,7 @@ def parse_configurations(spec: str, ablations: bool = False) -> list[str]:
     Traceback (most recent call last):
     ...
     product_crawl.experiment.runner.ExperimentError: --strategies: unknown configuration 'fifo'; expected \
-names from: dynamic, shared, round_robin, oracle, no_allocation, no_modification, no_recall
+names from: dynamic, shared, round_robin, oracle, scrapy_redis, no_allocation, no_modification, no_recall
     """
     names = [n.strip() for n in spec.split(",") if n.strip()]
     if not names and not ablations:
@@ -215,6 +217,24 @@ def virtual_tasks(sites: Sequence[str]) -> list[dict[str, Any]]:
     return [{**p, "type": 0, "sites": list(sites), "engines": ["baidu"]} for p in PRODUCTS]
 
 
+def scrapy_redis_keys(prefix: str) -> dict[str, str]:
+    """scrapy-redis's keys for the ``scrapy_redis`` configuration, under the experiment's prefix (so that a reset
+    clears them too)."""
+    return {"REDIS_START_URLS_KEY": f"{prefix}:sr:start_urls", "SCHEDULER_QUEUE_KEY": f"{prefix}:sr:requests",
+            "SCHEDULER_DUPEFILTER_KEY": f"{prefix}:sr:dupefilter"}
+
+
+def scrapy_redis_start_urls(base_url: str, sites: Sequence[str]) -> list[str]:
+    """The first result page of every (product, site) query, as scrapy-redis start-URL entries that follow the
+    next pages (the same products, sites and engine as :func:`virtual_tasks`)."""
+    from product_crawl.engines.baidu import BaiduEngine
+
+    engine = BaiduEngine(base_url)
+    return [json.dumps({"url": engine.page_url(keywords_for(p["name"], p.get("brand")), site, 0),
+                        "meta": {"product": p["name"], "page": 0, "follow": True}}, ensure_ascii=False)
+            for p in PRODUCTS for site in sites]
+
+
 def corpus_totals(profile: Profile, sites: Sequence[str], seed: int) -> dict[str, dict[str, int]]:
     """What the simulated web holds for each (product, site): the engine-reported total of its query."""
     return {p["name"]: {site: corpus_size(keywords_for(p["name"], p.get("brand")), site, seed, profile.corpus_min,
@@ -295,14 +315,22 @@ def run_configuration(name: str, opts: Options, *, redis_url: str, mongo_uri: st
         url = f"http://127.0.0.1:{port}"
         cluster.settings["PC_ENGINE_BASE_URLS"] = {"baidu": url, "weibo": url}
         cluster.settings["SCHEDEXT_ORACLE_URL"] = url + "/_truth"
+        redis_nodes = name == "scrapy_redis"
         for node in opts.nodes:
-            cluster.start_node(node)
+            if redis_nodes:
+                cluster.start_node(node, "redis_search", DOWNLOAD_BIND_ADDRESS=node.address,
+                                   **scrapy_redis_keys(opts.prefix))
+            else:
+                cluster.start_node(node)
         progress.update(f"{tag} starting {len(opts.nodes)} nodes ...")
 
         def started() -> bool:
             dead = [n.id for n in opts.nodes if not cluster.alive(n.id)]
             if dead:
                 raise ExperimentError(f"{tag} node {dead[0]} exited at start; see {log_dir / (dead[0] + '.log')}")
+            if redis_nodes:  # scrapy-redis nodes register nowhere: their log says when they are open
+                logs = [log_dir / f"{n.id}.log" for n in opts.nodes]
+                return all(log.exists() and "Spider opened" in log.read_text(errors="replace") for log in logs)
             return len(cluster.redis.hkeys(cluster.store.keys.nodes)) >= len(opts.nodes)
 
         if not cluster.wait_for(started, STARTUP_TIMEOUT):
@@ -314,9 +342,13 @@ def run_configuration(name: str, opts: Options, *, redis_url: str, mongo_uri: st
         except RuntimeError as exc:  # the port was taken meanwhile, or the web failed: nothing ran yet
             raise ExperimentError(f"{tag} {exc}") from exc
         t0 = clock()
-        tasks: list[dict[str, Any] | str] = [*virtual_tasks(opts.sites)]
-        cluster.inject(tasks)
-        cluster.start_control()
+        if redis_nodes:
+            cluster.redis.rpush(scrapy_redis_keys(opts.prefix)["REDIS_START_URLS_KEY"],
+                                *scrapy_redis_start_urls(url, opts.sites))
+        else:
+            tasks: list[dict[str, Any] | str] = [*virtual_tasks(opts.sites)]
+            cluster.inject(tasks)
+            cluster.start_control()
         samples: list[dict[str, Any]] = []
         status: dict[str, Any] = {}
         next_at = 0.0
@@ -332,7 +364,8 @@ def run_configuration(name: str, opts: Options, *, redis_url: str, mongo_uri: st
                 if elapsed >= opts.duration:
                     break
                 next_at += opts.sample_interval
-            dead = [n for n in [*[n.id for n in opts.nodes], "control"] if not cluster.alive(n)]
+            dead = [n for n in [*[n.id for n in opts.nodes], *([] if redis_nodes else ["control"])]
+                    if not cluster.alive(n)]
             if dead:
                 raise ExperimentError(f"{tag} {dead[0]} exited during the run; see {log_dir / (dead[0] + '.log')}")
             time.sleep(max(0.0, min(next_at, opts.duration) - (clock() - t0)))

@@ -9,7 +9,8 @@ Endpoints (docs/simweb.md has the details):
 ``/_truth`` (``?engine=baidu&wd=...`` or ``?engine=weibo&q=...`` for one query)
     JSON: the profile in force, the seed, the start time and the reported size of every query seen so far.
 ``/_counters``
-    JSON: requests and outcomes per source address, and per source address and site.
+    JSON: requests and outcomes per source address, and per source address and site; per site, the most requests
+    that were ever in flight at once from all addresses together (``peak_in_flight``).
 
 Nodes are told apart by the request's source address; the profile gives each (address, site) its share of
 results actually served, latency, error and block rates, over time (:mod:`product_crawl.simweb.profile`).
@@ -85,6 +86,8 @@ class SimWeb:
         self.queries: dict[tuple[str, str], tuple[tuple[str, ...], str, int]] = {}
         self.by_address: dict[str, dict[str, int]] = defaultdict(_new_counts)
         self.by_site: dict[str, dict[str, dict[str, int]]] = defaultdict(lambda: defaultdict(_new_counts))
+        self.in_flight: dict[str, int] = defaultdict(int)  # site -> search requests being answered now
+        self.peak_in_flight: dict[str, int] = defaultdict(int)
 
     def elapsed(self) -> float:
         """Seconds since this web started (the time ``phases`` are measured in)."""
@@ -144,7 +147,19 @@ class SimWeb:
                 for addr, sites in sorted(self.by_site.items())
             },
             "labels": {addr: self.profile.label(addr) for addr in sorted(self.by_address)},
+            "peak_in_flight": dict(sorted(self.peak_in_flight.items())),
         }
+
+    def begin(self, engine: str, args: dict[str, str]) -> str:
+        """Count a search request in flight on its site (until :meth:`end`); returns the site."""
+        query = args.get("wd" if engine == "baidu" else "q")
+        site = parse_query(query)[1] if query else ""
+        self.in_flight[site] += 1
+        self.peak_in_flight[site] = max(self.peak_in_flight[site], self.in_flight[site])
+        return site
+
+    def end(self, site: str) -> None:
+        self.in_flight[site] -= 1
 
     def _count(self, address: str, site: str, key: str, n: int = 1) -> None:
         self.by_address[address][key] += n
@@ -256,12 +271,17 @@ class _SearchResource(Resource):
 
     def render_GET(self, request: Request) -> Any:
         address = request.getClientAddress().host  # type: ignore[attr-defined]
-        status, body, delay = self.web.answer(self.engine, address, _args(request))
+        args = _args(request)
+        site = self.web.begin(self.engine, args)
+        status, body, delay = self.web.answer(self.engine, address, args)
         finished = False
 
         def deliver() -> None:
+            nonlocal finished
             if finished:
                 return
+            finished = True
+            self.web.end(site)
             request.setResponseCode(status)
             request.setHeader(b"Content-Type", b"text/html; charset=utf-8")
             request.write(body)
@@ -269,7 +289,9 @@ class _SearchResource(Resource):
 
         def lost(_: Any) -> None:  # the client went away before the delay ran out
             nonlocal finished
-            finished = True
+            if not finished:
+                finished = True
+                self.web.end(site)
             if call.active():
                 call.cancel()
 

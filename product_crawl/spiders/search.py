@@ -17,8 +17,8 @@ from scrapy.http import Response, TextResponse
 
 from product_crawl.engines import Engine, PageProblem, get_engine
 from product_crawl.items import SearchResultItem
+from scheduler_ext.config import config_for
 from scheduler_ext.models import Subtask
-from scheduler_ext.scheduler import node_identity
 from scheduler_ext.tracker import META_LAST, META_OFFERED, META_PAGE, META_REPORTED, META_TOTAL_PAGES
 
 NODE_SETTINGS: dict[str, Any] = {
@@ -39,7 +39,7 @@ class SearchSpider(Spider):
 
     @classmethod
     def from_crawler(cls, crawler: Any, *args: Any, **kwargs: Any) -> SearchSpider:
-        node_identity(crawler.settings)  # refuse a bad node id or type before the crawl starts
+        config_for(crawler)  # refuse a bad node id, type or other SCHEDEXT_ setting before the crawl starts
         return super().from_crawler(crawler, *args, **kwargs)
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -48,7 +48,7 @@ class SearchSpider(Spider):
 
     @property
     def node_id(self) -> str:
-        return node_identity(self.settings)[0]
+        return config_for(self.crawler).node_id
 
     def engine(self, subtask: Subtask) -> Engine:
         name = str(subtask.payload.get("engine") or "baidu")
