@@ -35,8 +35,8 @@ PC_ENGINE_BASE_URLS = {"baidu": "http://www.baidu.com", "weibo": "http://weibo.y
 PC_WEIBO_EXTRA_WORD = "投诉"
 PC_WEIBO_COOKIES = ""  # s.weibo.com session (Cookie header value); or PC_WEIBO_COOKIES_FILE, a file holding it
 PC_WEIBO_COOKIES_FILE = ""
-# Engines a virtual task or subtask may name by dotted path (besides the built-in "baidu", "weibo", "sweibo"). It names code, so it is
-# part of the code: set it here, not with -s. Empty: no dotted path is accepted.
+# Engines a virtual task or subtask may name by dotted path (besides the built-in "baidu", "weibo", "sweibo"). It
+# names code, so it is part of the code: set it here, not with -s. Empty: no dotted path is accepted.
 PC_ALLOWED_ENGINES: list[str] = []
 
 # --- limits on what nodes fetch and store (product_crawl/guard.py) ---------------------------------------------
