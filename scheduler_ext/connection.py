@@ -12,7 +12,7 @@ import redis
 from scrapy.settings import BaseSettings, Settings
 from scrapy_redis.connection import get_redis_from_settings
 
-from .exceptions import ServiceUnavailable
+from .exceptions import ConfigurationError, ServiceUnavailable
 
 # Short timeouts: the node calls Redis from the reactor thread, so a call must fail fast rather than hang.
 # surrogateescape: an entry that is not UTF-8 (a pickle pushed by hand) still reads, as text the decoders refuse
@@ -47,3 +47,30 @@ def ensure_reachable(client: redis.Redis) -> None:
         client.ping()
     except redis.RedisError as exc:  # connection refused, timeout, auth failure: all mean "cannot use it"
         raise ServiceUnavailable(f"Redis at {describe(client)} does not answer: {exc}") from exc
+
+
+# What Redis answers when it refuses who we are (no password, wrong password, an ACL user without the rights).
+_REFUSED = ("NOAUTH", "WRONGPASS", "NOPERM", "invalid username-password", "Authentication required")
+
+
+def check_credentials(settings: BaseSettings | dict[str, Any] | None = None) -> None:
+    """Raise ConfigurationError, naming the server, if Redis refuses this process's credentials.
+
+    A process that starts with the wrong password would otherwise run on, retrying every loop with backoff as if
+    Redis were down. A Redis that does not answer at all is not an error here: the loops wait for it.
+    """
+    client = redis_from_settings(settings)
+    try:
+        client.ping()
+    except (redis.AuthenticationError, redis.exceptions.NoPermissionError) as exc:
+        raise ConfigurationError(f"Redis at {describe(client)} refused the credentials: {exc} "
+                                 "(set the password or ACL user in REDIS_URL or REDIS_PARAMS)") from exc
+    except redis.ResponseError as exc:  # NOAUTH and friends arrive as plain error replies on some versions
+        if any(word in str(exc) for word in _REFUSED):
+            raise ConfigurationError(f"Redis at {describe(client)} refused the credentials: {exc} "
+                                     "(set the password or ACL user in REDIS_URL or REDIS_PARAMS)") from exc
+        raise
+    except redis.ConnectionError:  # not reachable now: the node's and the control's loops wait for it
+        pass
+    finally:
+        client.close()

@@ -11,6 +11,7 @@ from typing import Any
 
 from scrapy import Spider
 
+from scheduler_ext.connection import check_credentials
 from scheduler_ext.strategies import check_strategy_settings
 
 
@@ -22,6 +23,7 @@ class ControlSpider(Spider):
     def from_crawler(cls, crawler: Any, *args: Any, **kwargs: Any) -> ControlSpider:
         # Refuse bad strategy settings before the crawl starts, so the process exits non-zero naming the setting.
         check_strategy_settings(crawler.settings)
+        check_credentials(crawler.settings)
         return super().from_crawler(crawler, *args, **kwargs)
 
     async def start(self) -> AsyncIterator[Any]:

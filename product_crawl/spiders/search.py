@@ -18,6 +18,7 @@ from scrapy.http import Response, TextResponse
 from product_crawl.engines import Engine, PageProblem, get_engine
 from product_crawl.items import SearchResultItem
 from scheduler_ext.config import config_for
+from scheduler_ext.connection import check_credentials
 from scheduler_ext.models import Subtask
 from scheduler_ext.tracker import META_LAST, META_OFFERED, META_PAGE, META_REPORTED, META_TOTAL_PAGES
 
@@ -40,6 +41,7 @@ class SearchSpider(Spider):
     @classmethod
     def from_crawler(cls, crawler: Any, *args: Any, **kwargs: Any) -> SearchSpider:
         config_for(crawler)  # refuse a bad node id, type or other SCHEDEXT_ setting before the crawl starts
+        check_credentials(crawler.settings)  # and a Redis that refuses our password, rather than retry forever
         return super().from_crawler(crawler, *args, **kwargs)
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
