@@ -174,6 +174,24 @@ class Posterior:
         return rng.betavariate(self.a, self.b) * rng.gammavariate(self.shape, 1.0 / self.rate)
 
 
+def expected_rate(sums: Sums, *, now: float, half_life: float, theta0: float, rho0: float,
+                  weight: float = PRIOR_WEIGHT) -> float:
+    """``Posterior.of(sums, ...).mean`` without building the posterior (the same arithmetic, the same float):
+    what ranking every node of a site costs, once per node.
+
+    >>> s = Sums(n=2, pages=20, got=15, sec=4, t=0)
+    >>> expected_rate(s, now=9, half_life=30, theta0=0.6, rho0=2) == Posterior.of(s, now=9, half_life=30,
+    ...                                                                           theta0=0.6, rho0=2).mean
+    True
+    """
+    theta0 = min(0.999, max(0.001, theta0))
+    d = discount(now - sums.t, half_life)
+    got, pages = d * sums.got, d * sums.pages
+    a = weight * theta0 + got
+    b = weight * (1 - theta0) + max(0.0, pages - got)
+    return a / (a + b) * ((weight + d * sums.pages) / (weight / max(rho0, 1e-6) + d * sums.sec))
+
+
 def discount(age: float, half_life: float) -> float:
     """Weight of evidence ``age`` seconds old: 1 now, 1/2 after ``half_life``.
 
