@@ -124,6 +124,7 @@ class Simulation:
         self.tasks: dict[str, _TaskState] = {}
         self.waiting: list[tuple[float, int, str]] = []  # (priority, id, ...) sorted
         self.subtasks: dict[str, Subtask] = {}
+        self.records: dict[str, str] = {}  # waiting subtask id -> its record (JSON), made once
         self.queues: dict[str, list[Subtask]] = {n: [] for n in self.nodes}
         self.running: dict[str, _Run | None] = dict.fromkeys(self.nodes)
         self.reports: list[Report] = []
@@ -209,8 +210,9 @@ class Simulation:
                                priority=task.priority, first_page=0, page_limit=self.page_limit,
                                time_limit=self.time_limit, since=self.now))
 
-    def _wait(self, st: Subtask) -> None:
+    def _wait(self, st: Subtask, raw: str | None = None) -> None:
         self.subtasks[st.id] = st
+        self.records[st.id] = st.to_json() if raw is None else raw
         bisect.insort(self.waiting, (st.priority, int(st.id), st.id))
 
     # --- the control ----------------------------------------------------------------------------------------------
@@ -218,6 +220,9 @@ class Simulation:
         """One control tick: the snapshot the control would read, its own :func:`decide`, the writes applied."""
         nodes = self.live_nodes()
         total_free = sum(n.free for n in nodes)
+        if not total_free and not self.reports and not self.failures \
+                and not (self.lost and self.lost[0][0] <= self.now):
+            return  # nothing to decide: decide would read this and do nothing (nothing is allocated without a slot)
         size = self.strategies.window(total_free) if total_free else 0
         self._fill(size)
         k = self.keys
@@ -234,7 +239,8 @@ class Simulation:
             failures=[Entry(k.failed, raw, len(raw)) for raw in (r.to_json() for r in failures)],
             tasks={tid: self.tasks[tid].task.to_json() if tid in self.tasks else None for tid in tids},
             stale=stale, nodes=nodes,
-            waiting=[(sid, self.subtasks[sid].to_json()) for _, _, sid in self.waiting[:size]])
+            waiting=[(sid, self.records[sid]) for _, _, sid in self.waiting[:size]],
+            parsed={self.records[sid]: self.subtasks[sid] for _, _, sid in self.waiting[:size]})
         for decision in decide(snap, self.strategies, self.now):
             self._apply(decision)
         if self._taken:
@@ -258,7 +264,7 @@ class Simulation:
                         self.tasks_done += 1
                         del self.tasks[task.id]  # nothing refers to it any more: memory stays bounded at scale
             elif op == "zadd" and key == k.waiting:
-                self._wait(Subtask.from_json(records[w[3]]))
+                self._wait(Subtask.from_json(records[w[3]]), records[w[3]])
             elif op == "lpush" and key.startswith(self._crawl_key):
                 self._queue(key[len(self._crawl_key):], Subtask.from_json(w[2]))
             elif op == "hincrby" and key.startswith(self._counts_key):
@@ -267,6 +273,7 @@ class Simulation:
             self.allocated += 1
             self._taken.add(decision.subject)
             self.subtasks.pop(decision.subject, None)
+            self.records.pop(decision.subject, None)
 
     def live_nodes(self) -> list[NodeView]:
         return [NodeView(id=n.id, types=list(n.types), address=n.address,

@@ -73,10 +73,9 @@ class _Ranking:
     once and kept across calls by :class:`Rankings` while the live nodes, the site's figures and the time allow.
     ``data``: what the strategy keeps beside it (the bandit's posteriors)."""
 
-    def __init__(self, typed: list[tuple[int, str]], c: dict[str, float], spp: dict[str, float],
+    def __init__(self, typed: _Typed, c: dict[str, float], spp: dict[str, float],
                  unexplored: list[str], valid_until: float, data: Any = None) -> None:
-        self.ids = {nid for _, nid in typed}
-        self.index = {nid: idx for idx, nid in typed}
+        self.ids, self.index = typed.ids, typed.index
         self.c = c  # explored nodes -> completion
         self.spp = spp  # explored nodes -> site-wide seconds per page (as used in a rate)
         self.unexplored = unexplored  # in node order
@@ -98,31 +97,57 @@ class _Ranking:
         return self.c[nid] / max(self.spp[nid] if spp is None else spp, _MIN_SPP)
 
 
+class _Typed:
+    """The live nodes of one type: (index among the live nodes, id) in node order, their ids, id -> index."""
+
+    def __init__(self, nodes: Sequence[NodeView], node_type: int) -> None:
+        self.pairs = [(i, n.id) for i, n in enumerate(nodes) if node_type in n.types]
+        self.ids = {nid for _, nid in self.pairs}
+        self.index = {nid: i for i, nid in self.pairs}
+
+
 class Rankings:
     """Each (site, node type)'s :class:`_Ranking`, kept across calls: rebuilt only when the live nodes change, the
     site's figures change (the mapping the estimates return is a new object: copy on write) or the ranking's
-    ``valid_until`` has passed. One per strategy instance; shared by the dynamic and the bandit allocation."""
+    ``valid_until`` has passed. One per strategy instance; shared by the dynamic and the bandit allocation.
+    Call :meth:`begin` with the live nodes once per allocate call, then :meth:`get` per (site, type)."""
 
     MAX = 10_000  # (site, type) rankings kept; all are dropped past it (sites no longer seen)
 
     def __init__(self) -> None:
         self._kept: dict[tuple[str, int], tuple[Any, Any, _Ranking]] = {}
+        self._signature: list[tuple[str, list[int]]] = []
+        self._typed: dict[int, _Typed] = {}
+        self._nodes: Sequence[NodeView] = ()
 
-    def get(self, site: str, node_type: int, nodes: Sequence[NodeView], signature: Any, source: Any, now: float,
-            build: Callable[[list[tuple[int, str]], _Ranking | None], _Ranking], cacheable: bool = True) -> _Ranking:
-        """The ranking of (site, type) for ``nodes`` (``signature``: their ids and types) built from ``source``
-        (the site's figures, compared by identity); ``build(typed, previous)`` makes a new one from (index, node
-        id) pairs, given the previous ranking when only the figures changed (to update what changed only)."""
+    def begin(self, nodes: Sequence[NodeView]) -> None:
+        """The live nodes of this call: the rankings of another set of nodes (or types) are not reused."""
+        signature = [(n.id, n.types) for n in nodes]
+        if signature != self._signature:
+            self._signature, self._typed = signature, {}
+        self._nodes = nodes
+
+    def typed(self, node_type: int) -> _Typed:
+        t = self._typed.get(node_type)
+        if t is None:
+            t = self._typed[node_type] = _Typed(self._nodes, node_type)
+        return t
+
+    def get(self, site: str, node_type: int, source: Any, now: float,
+            build: Callable[[_Typed, _Ranking | None], _Ranking], cacheable: bool = True) -> _Ranking:
+        """The ranking of (site, type) built from ``source`` (the site's figures, compared by identity);
+        ``build(typed, previous)`` makes a new one, given the previous ranking when only the figures changed (to
+        update what changed only)."""
         kept = self._kept.get((site, node_type))
         previous = None
-        if cacheable and kept is not None and kept[0] == signature and now <= kept[2].valid_until:
+        if cacheable and kept is not None and kept[0] is self._signature and now <= kept[2].valid_until:
             if kept[1] is source:
                 return kept[2]
             previous = kept[2]
         if len(self._kept) > self.MAX:
             self._kept.clear()
-        ranking = build([(i, n.id) for i, n in enumerate(nodes) if node_type in n.types], previous)
-        self._kept[(site, node_type)] = (signature, source, ranking)
+        ranking = build(self.typed(node_type), previous)
+        self._kept[(site, node_type)] = (self._signature, source, ranking)
         return ranking
 
 
@@ -298,13 +323,13 @@ class DynamicAllocation(Allocation):
         spp = _spp(p)
         return c.value / max(spp, _MIN_SPP), spp
 
-    def _build(self, typed: list[tuple[int, str]], figures: dict[str, tuple[Estimate | None, Estimate | None]],
+    def _build(self, typed: _Typed, figures: dict[str, tuple[Estimate | None, Estimate | None]],
                now: float) -> _Ranking:
         c: dict[str, float] = {}
         spp: dict[str, float] = {}
         unexplored: list[str] = []
         valid_until = math.inf  # when the first explored estimate goes stale
-        for _, nid in typed:
+        for _, nid in typed.pairs:
             ce, p = figures.get(nid, (None, None))
             if ce is None or ce.runs < self.explore_runs or now - ce.last_run > self.stale_after:
                 unexplored.append(nid)
@@ -323,7 +348,7 @@ class DynamicAllocation(Allocation):
             return []
         figures: Any = estimates if hasattr(estimates, "site_figures") and hasattr(estimates, "group_figures") \
             else _PerNode(estimates, nodes)
-        signature = [(n.id, n.types) for n in nodes]
+        self._rankings.begin(nodes)
         sites: dict[tuple[str, int], _Site] = {}
         keys: dict[tuple[Any, ...], _Class] = {}
         classes: dict[tuple[Any, ...], _Class] = {}
@@ -332,7 +357,7 @@ class DynamicAllocation(Allocation):
             site = sites.get((st.site, st.type))
             if site is None:
                 source = figures.site_figures(st.site)
-                ranking = self._rankings.get(st.site, st.type, nodes, signature, source, now,
+                ranking = self._rankings.get(st.site, st.type, source, now,
                                              lambda typed, _, src=source: self._build(typed, src, now),
                                              cacheable=not isinstance(figures, _PerNode))
                 site = sites[(st.site, st.type)] = _Site(st.site, ranking, free)

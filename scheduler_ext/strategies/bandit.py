@@ -45,8 +45,8 @@ from typing import Any
 from ..config import config_for
 from ..models import Subtask
 from . import Allocation, Estimates, NodeView
-from .allocation import Rankings, _Class, _Ranking, _Site, greedy
-from .posterior import Posterior, Sums, expected_rate
+from .allocation import Rankings, _Class, _Ranking, _Site, _Typed, greedy
+from .posterior import Posterior, Sums, draw_rate, expected_rate
 
 #: Free candidates drawn per subtask for exploration: bounds the cost of a tick whatever the cluster's size.
 EXPLORE_SAMPLE = 8
@@ -151,7 +151,7 @@ class BanditAllocation(Allocation):
         self._cache[id(sums)] = (sums, theta0, rho0, now, post)
         return post
 
-    def _ranking(self, typed: list[tuple[int, str]], sums: Mapping[str, Sums], now: float,
+    def _ranking(self, typed: _Typed, sums: Mapping[str, Sums], now: float,
                  previous: _Ranking | None) -> _Ranking:
         """The site's nodes of one type ranked by expected rate (the ranking's ``c``; seconds per page 1), with
         the site's sums and prior as its ``data``; valid while the posteriors' cache is (``half_life / 10``).
@@ -164,7 +164,7 @@ class BanditAllocation(Allocation):
         old: Mapping[str, Sums] = {}
         if previous is not None and previous.data[1:3] == (theta0, rho0):
             old, valid_until, now = previous.data[0], previous.valid_until, previous.data[3]
-        for _, nid in typed:
+        for _, nid in typed.pairs:
             s = sums.get(nid)
             if s is not None:
                 c[nid] = previous.c[nid] if previous is not None and old.get(nid) is s else \
@@ -187,7 +187,7 @@ class BanditAllocation(Allocation):
                 free_by_type.setdefault(t, [])
                 if free[n.id] > 0:
                     free_by_type[t].append(n.id)
-        signature = [(n.id, n.types) for n in nodes]
+        self._rankings.begin(nodes)
         cacheable = hasattr(estimates, "site_sums")  # sums made from the paper's estimates are new every call
         sites: dict[tuple[str, int], _Site] = {}
         keys: dict[tuple[Any, ...], _Class] = {}
@@ -198,9 +198,9 @@ class BanditAllocation(Allocation):
                 continue  # no live node of its type
             site = sites.get((st.site, st.type))
             if site is None:
-                typed_ids = [n.id for n in nodes if st.type in n.types]
-                source = site_sums(estimates, st.site, typed_ids)
-                ranking = self._rankings.get(st.site, st.type, nodes, signature, source, now,
+                typed = self._rankings.typed(st.type)
+                source = site_sums(estimates, st.site, [nid for _, nid in typed.pairs] if not cacheable else ())
+                ranking = self._rankings.get(st.site, st.type, source, now,
                                              lambda typed, prev, src=source: self._ranking(typed, src, now, prev),
                                              cacheable)
                 site = sites[(st.site, st.type)] = _Site(st.site, ranking, free)
@@ -216,36 +216,46 @@ class BanditAllocation(Allocation):
         # Exploration: a few free candidates per subtask, each a Thompson draw. A run can change a decision if the
         # draw beats the best expected rate on the site; for a node with nothing as good to do on the window's
         # sites (its best is below the site's floor), if the draw would make it eligible here.
-        idle: dict[str, float] = {}  # free node -> its best expected rate on the window's sites (when asked)
         overridden: dict[str, float] = {}  # node -> its best product-specific rate among the window's classes
         for cls in classes.values():
             for nid, m in cls.rates.items():
                 overridden[nid] = max(m, overridden.get(nid, 0.0))
-        rankings = [site.ranking for site in sites.values()]
+        tops = sorted(((-r.by_rate[0][0], i, r) for i, r in enumerate(s.ranking for s in sites.values())
+                       if r.by_rate), reverse=True)
+
+        def busy(nid: str, rate: float) -> bool:
+            """True if ``nid`` has an expected rate of at least ``rate`` on one of the window's sites (classes)."""
+            if overridden.get(nid, 0.0) >= rate:
+                return True
+            for top, _, r in tops:  # best site first: stop at the first whose best node is below ``rate``
+                if top < rate:
+                    return False
+                if r.c.get(nid, 0.0) >= rate:
+                    return True
+            return False
+
         explore: list[tuple[float, int, bool, Subtask, str]] = []
         for order, st, cls in window:
             best = cls.top
-            aged = now - st.since >= self.patience
-            floor = 0.0 if aged else self.rate_floor * best
+            floor = self.rate_floor * best
+            if now - st.since >= self.patience:
+                floor = 0.0
             cands = free_by_type[st.type]
             pool = cands if len(cands) <= EXPLORE_SAMPLE else self.rng.sample(cands, EXPLORE_SAMPLE)
             sums, theta0, rho0, _ = cls.site.ranking.data
-            prior = Posterior.prior(theta0, rho0)
             for nid in pool:
                 if nid in cls.skip and nid not in cls.rates or (st.site, nid) in self._exploring:
                     continue  # avoided (or too slow: never for the bandit), or being explored
                 m = cls.rate_of(nid)
                 if m is not None and m >= floor and m > 0:
                     continue  # exploiting it would do
-                post = cls.posts.get(nid)
-                if post is None:
-                    post = prior if nid not in sums else self._posterior(sums[nid], now, theta0, rho0)
-                draw = post.sample(self.rng)
-                if nid not in idle:
-                    idle[nid] = max([overridden.get(nid, 0.0), *(r.c.get(nid, 0.0) for r in rankings)])
-                bar = best if idle[nid] >= self.rate_floor * best else self.rate_floor * best
-                if draw > bar:
-                    explore.append((draw / best if best > 0 else float("inf"), order, best <= 0, st, nid))
+                draw = draw_rate(self.rng, sums.get(nid), now=now, half_life=self.half_life, theta0=theta0,
+                                 rho0=rho0, pace=cls.posts.get(nid))
+                if draw <= self.rate_floor * best:
+                    continue
+                if draw <= best and busy(nid, self.rate_floor * best):
+                    continue  # worth it only for a node with nothing as good to do on the window's sites
+                explore.append((draw / best if best > 0 else float("inf"), order, best <= 0, st, nid))
         return self._match(explore, classes.values(), free, now, len(nodes))
 
     def _class(self, site: _Site, group: str, excluded: set[str], estimates: Estimates, now: float,
@@ -254,15 +264,14 @@ class BanditAllocation(Allocation):
         there is rated with the pace of those runs (a refined posterior), every other from the site's ranking."""
         sums, theta0, rho0, _ = site.ranking.data
         per_group = group_sums(estimates, group, site.site) if sums else {}
-        refined = {nid: Posterior.of(sums[nid], now=now, half_life=self.half_life, theta0=theta0, rho0=rho0,
-                                     pace=pace)
-                   for nid, pace in per_group.items() if nid in site.ranking.c and nid not in excluded}
-        rates = {nid: p.mean for nid, p in refined.items()}
-        ck = (site.site, id(site), frozenset(excluded), tuple(sorted(rates.items())))
+        paces = {nid: pace for nid, pace in per_group.items() if nid in site.ranking.c and nid not in excluded}
+        rates = {nid: expected_rate(sums[nid], now=now, half_life=self.half_life, theta0=theta0, rho0=rho0,
+                                    pace=pace) for nid, pace in paces.items()}
+        ck = (id(site), frozenset(excluded), tuple(sorted(rates.items())))
         cls = classes.get(ck)
         if cls is None:
             cls = classes[ck] = _Class(site, excluded | rates.keys(), rates, math.inf, self.rate_floor)
-            cls.posts = refined
+            cls.posts = paces
         return cls
 
     def _match(self, explore: list[tuple[float, int, bool, Subtask, str]], classes: Iterable[_Class],
