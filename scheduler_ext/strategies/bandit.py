@@ -169,7 +169,8 @@ class BanditAllocation(Allocation):
             if s is not None:
                 c[nid] = previous.c[nid] if previous is not None and old.get(nid) is s else \
                     expected_rate(s, now=now, half_life=self.half_life, theta0=theta0, rho0=rho0)
-        return _Ranking(typed, c, dict.fromkeys(c, 1.0), [], valid_until, (sums, theta0, rho0, now))
+        return _Ranking(typed, c, dict.fromkeys(c, 1.0), [], valid_until,
+                        (sums, theta0, rho0, now, Posterior.prior(theta0, rho0)))
 
     def allocate(self, subtasks: Sequence[Subtask], nodes: Sequence[NodeView], estimates: Estimates,
                  now: float) -> list[tuple[Subtask, str]]:
@@ -242,15 +243,16 @@ class BanditAllocation(Allocation):
                 floor = 0.0
             cands = free_by_type[st.type]
             pool = cands if len(cands) <= EXPLORE_SAMPLE else self.rng.sample(cands, EXPLORE_SAMPLE)
-            sums, theta0, rho0, _ = cls.site.ranking.data
+            sums, theta0, rho0, _, prior = cls.site.ranking.data
             for nid in pool:
                 if nid in cls.skip and nid not in cls.rates or (st.site, nid) in self._exploring:
                     continue  # avoided (or too slow: never for the bandit), or being explored
                 m = cls.rate_of(nid)
                 if m is not None and m >= floor and m > 0:
                     continue  # exploiting it would do
-                draw = draw_rate(self.rng, sums.get(nid), now=now, half_life=self.half_life, theta0=theta0,
-                                 rho0=rho0, pace=cls.posts.get(nid))
+                s = sums.get(nid)
+                draw = prior.sample(self.rng) if s is None else draw_rate(
+                    self.rng, s, now=now, half_life=self.half_life, theta0=theta0, rho0=rho0, pace=cls.posts.get(nid))
                 if draw <= self.rate_floor * best:
                     continue
                 if draw <= best and busy(nid, self.rate_floor * best):
@@ -262,7 +264,7 @@ class BanditAllocation(Allocation):
                classes: dict[tuple[Any, ...], _Class]) -> _Class:
         """The class of ``group``'s subtasks on the site excluding ``excluded``: a node that ran this product
         there is rated with the pace of those runs (a refined posterior), every other from the site's ranking."""
-        sums, theta0, rho0, _ = site.ranking.data
+        sums, theta0, rho0, _, _ = site.ranking.data
         per_group = group_sums(estimates, group, site.site) if sums else {}
         paces = {nid: pace for nid, pace in per_group.items() if nid in site.ranking.c and nid not in excluded}
         rates = {nid: expected_rate(sums[nid], now=now, half_life=self.half_life, theta0=theta0, rho0=rho0,

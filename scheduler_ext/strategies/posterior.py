@@ -195,11 +195,9 @@ def expected_rate(sums: Sums, *, now: float, half_life: float, theta0: float, rh
     return a / (a + b) * (shape / rate)
 
 
-def draw_rate(rng: random.Random, sums: Sums | None, *, now: float, half_life: float, theta0: float, rho0: float,
+def draw_rate(rng: random.Random, sums: Sums, *, now: float, half_life: float, theta0: float, rho0: float,
               pace: Sums | None = None) -> float:
     """``Posterior.of(sums, ...).sample(rng)`` without building the posterior (the same draw)."""
-    if sums is None:
-        return Posterior.prior(theta0, rho0).sample(rng)
     a, b, shape, rate, _ = params(sums, now=now, half_life=half_life, theta0=theta0, rho0=rho0, pace=pace)
     return rng.betavariate(a, b) * rng.gammavariate(shape, 1.0 / rate)
 
