@@ -81,9 +81,17 @@ class _Ranking:
         self.unexplored = unexplored  # in node order
         self.valid_until = valid_until  # when the ranking must be rebuilt (an estimate goes stale)
         self.data = data
-        self.by_spp = sorted((self.spp[n], self.index[n], n) for n in self.c)
-        self.by_rate = sorted((-self.rate(n), self.index[n], n) for n in self.c)
+        index = self.index
+        self.by_rate = sorted([(-(v / max(spp[n], _MIN_SPP)), index[n], n) for n, v in c.items()])
+        self._by_spp: list[tuple[float, int, str]] | None = None
         self._under: dict[float, list[tuple[float, int, str]]] = {}
+
+    @property
+    def by_spp(self) -> list[tuple[float, int, str]]:
+        """The explored nodes, fastest first (made when first asked: the bandit never asks)."""
+        if self._by_spp is None:
+            self._by_spp = sorted((self.spp[n], self.index[n], n) for n in self.c)
+        return self._by_spp
 
     def under(self, threshold: float) -> list[tuple[float, int, str]]:
         """``by_rate`` without the nodes slower than ``threshold`` seconds per page (kept per threshold)."""

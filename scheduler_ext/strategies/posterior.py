@@ -173,12 +173,13 @@ def params(sums: Sums, *, now: float, half_life: float, theta0: float, rho0: flo
     """(a, b, shape, rate, runs) of :meth:`Posterior.of` (see there), as a tuple: ranking and drawing for every
     node of a site do not need the object."""
     theta0 = min(0.999, max(0.001, theta0))
-    d = discount(now - sums.t, half_life)
+    age = now - sums.t
+    d = 1.0 if half_life <= 0 or age <= 0 else 2.0 ** (-age / half_life)  # discount(age, half_life), inline
     got, pages = d * sums.got, d * sums.pages
     src = sums if pace is None or pace.pages <= 0 else pace
     dp = d if src is sums else discount(now - src.t, half_life)
-    return (weight * theta0 + got, weight * (1 - theta0) + max(0.0, pages - got), weight + dp * src.pages,
-            weight / max(rho0, 1e-6) + dp * src.sec, d * sums.n)
+    return (weight * theta0 + got, weight * (1 - theta0) + (pages - got if pages > got else 0.0),
+            weight + dp * src.pages, weight / (rho0 if rho0 > 1e-6 else 1e-6) + dp * src.sec, d * sums.n)
 
 
 def expected_rate(sums: Sums, *, now: float, half_life: float, theta0: float, rho0: float,
