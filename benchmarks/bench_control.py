@@ -192,10 +192,15 @@ def make_control(store: Store, allocation: Allocation) -> Control:
 
 def take_all(store: Store, nodes: list[str]) -> int:
     """Every node takes what its crawl queue holds (as a node's refill does), freeing its slot."""
-    taken = 0
-    for nid in nodes:
-        while store.take(nid, 600.0, 600.0) is not None:
-            taken += 1
+    k, taken, left = store.keys, 0, list(nodes)
+    while left:  # one pipelined round per queued subtask a node holds: setting up a tick must not outlast it
+        with store.redis.pipeline(transaction=False) as pipe:
+            for nid in left:
+                store._take(keys=[k.crawl(nid), k.leases, k.lease_info, k.subtasks, k.failed, k.queued, k.seq,
+                                  k.counters], args=[nid, 8, 600.0, 600.0], client=pipe)
+            got = pipe.execute()
+        left = [nid for nid, res in zip(left, got, strict=True) if res]
+        taken += len(left)
     return taken
 
 
