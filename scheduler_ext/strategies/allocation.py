@@ -27,6 +27,7 @@ told the truth, lives with the simulated web that knows it (product_crawl/oracle
 
 from __future__ import annotations
 
+import functools
 import heapq
 import math
 import zlib
@@ -293,7 +294,8 @@ class DynamicAllocation(Allocation):
     """The paper's allocation (see the module docstring), in time proportional to what it allocates.
 
     Work per call: each (site, node type) ranks its candidate nodes once and keeps that ranking across calls
-    until a node joins or leaves, the site's estimates change or one goes stale; subtasks that rank nodes alike
+    (:class:`Rankings`, the mechanism the bandit allocation shares) until a node joins or leaves, the site's
+    estimates change or one goes stale; subtasks that rank nodes alike
     (same site, type, avoided nodes and product figures) form one class; the greedy matching takes the best
     remaining (subtask, free node) pair from a heap holding the first subtask of each class, skipping filled
     nodes in amortized O(1). That is O(window + free slots x log), not O(window x nodes), and it chooses exactly
@@ -331,8 +333,10 @@ class DynamicAllocation(Allocation):
         spp = _spp(p)
         return c.value / max(spp, _MIN_SPP), spp
 
-    def _build(self, typed: _Typed, figures: dict[str, tuple[Estimate | None, Estimate | None]],
-               now: float) -> _Ranking:
+    def _build(self, figures: dict[str, tuple[Estimate | None, Estimate | None]], now: float, typed: _Typed,
+               previous: _Ranking | None) -> _Ranking:
+        """A ranking of the explored nodes from the site's figures (built anew: a change to one node's figures
+        is cheap to re-rank, ``previous`` is not needed)."""
         c: dict[str, float] = {}
         spp: dict[str, float] = {}
         unexplored: list[str] = []
@@ -366,7 +370,7 @@ class DynamicAllocation(Allocation):
             if site is None:
                 source = figures.site_figures(st.site)
                 ranking = self._rankings.get(st.site, st.type, source, now,
-                                             lambda typed, _, src=source: self._build(typed, src, now),
+                                             functools.partial(self._build, source, now),
                                              cacheable=not isinstance(figures, _PerNode))
                 site = sites[(st.site, st.type)] = _Site(st.site, ranking, free)
             avoided = site.ranking.ids.intersection(st.avoid)

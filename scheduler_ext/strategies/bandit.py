@@ -28,8 +28,11 @@ Per tick, over the window of waiting subtasks the control passes (priority order
 5. Matching: explorations, then the exploit pairs as the dynamic allocation matches them (aged subtasks first,
    then the highest expected rate, then priority).
 
-Cost per tick: for each distinct (product, site) in the window, one posterior per node with data on the site, and
-at most ``EXPLORE_SAMPLE`` draws per subtask; no (subtask x node) product.
+Cost per tick: the paper's allocation's mechanism (:class:`~scheduler_ext.strategies.allocation.Rankings`, its
+classes and greedy): each (site, node type) ranks its nodes by expected rate once and keeps the ranking across ticks,
+re-rating only the nodes whose sums changed (the sums mapping of a site is replaced on change: copy on write) and
+everything every ``half_life / 10`` (the discount); subtasks that rank nodes alike share a class; at most
+``EXPLORE_SAMPLE`` draws per subtask. O(free slots + what changed), no (subtask x node) product.
 
 Settings: ``SCHEDEXT_RATE_FLOOR``, ``SCHEDEXT_PATIENCE``, ``SCHEDEXT_EXPLORE_SHARE``, ``SCHEDEXT_ESTIMATE_HALF_LIFE``,
 ``SCHEDEXT_RECALL_THRESHOLD`` (how long an exploration counts as in flight), ``SCHEDEXT_BANDIT_SEED``.
@@ -37,6 +40,7 @@ Settings: ``SCHEDEXT_RATE_FLOOR``, ``SCHEDEXT_PATIENCE``, ``SCHEDEXT_EXPLORE_SHA
 
 from __future__ import annotations
 
+import functools
 import math
 import random
 from collections.abc import Iterable, Mapping, Sequence
@@ -151,7 +155,7 @@ class BanditAllocation(Allocation):
         self._cache[id(sums)] = (sums, theta0, rho0, now, post)
         return post
 
-    def _ranking(self, typed: _Typed, sums: Mapping[str, Sums], now: float,
+    def _ranking(self, sums: Mapping[str, Sums], now: float, typed: _Typed,
                  previous: _Ranking | None) -> _Ranking:
         """The site's nodes of one type ranked by expected rate (the ranking's ``c``; seconds per page 1), with
         the site's sums and prior as its ``data``; valid while the posteriors' cache is (``half_life / 10``).
@@ -202,8 +206,7 @@ class BanditAllocation(Allocation):
                 typed = self._rankings.typed(st.type)
                 source = site_sums(estimates, st.site, [nid for _, nid in typed.pairs] if not cacheable else ())
                 ranking = self._rankings.get(st.site, st.type, source, now,
-                                             lambda typed, prev, src=source: self._ranking(typed, src, now, prev),
-                                             cacheable)
+                                             functools.partial(self._ranking, source, now), cacheable)
                 site = sites[(st.site, st.type)] = _Site(st.site, ranking, free)
             avoided = site.ranking.ids.intersection(st.avoid)
             excluded = avoided if avoided != site.ranking.ids else set()  # none else alive: the avoided will do
@@ -247,8 +250,8 @@ class BanditAllocation(Allocation):
             for nid in pool:
                 if nid in cls.skip and nid not in cls.rates or (st.site, nid) in self._exploring:
                     continue  # avoided (or too slow: never for the bandit), or being explored
-                m = cls.rate_of(nid)
-                if m is not None and m >= floor and m > 0:
+                known = cls.rate_of(nid)
+                if known is not None and known >= floor and known > 0:
                     continue  # exploiting it would do
                 s = sums.get(nid)
                 draw = prior.sample(self.rng) if s is None else draw_rate(
