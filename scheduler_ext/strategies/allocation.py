@@ -219,12 +219,6 @@ class _Class:
         self.others = sorted((-v, r.index[n], n) for n, v in others.items())
         self.i, self.j = 0, 0
 
-    def rate_of(self, nid: str) -> float | None:
-        """This class's rate for ``nid``; None if it has none (unexplored, excluded or too slow)."""
-        if nid in self.rates:
-            return self.rates[nid]
-        return None if nid in self.skip else self.site.ranking.c.get(nid)
-
     def best(self, aged: bool, free: dict[str, int]) -> tuple[float, int, str] | None:
         """The best free eligible node for this class's subtasks (aged or not), as (-rate, node index, id)."""
         fl = self.free_list

@@ -239,6 +239,7 @@ class BanditAllocation(Allocation):
             return False
 
         explore: list[tuple[float, int, bool, Subtask, str]] = []
+        exploring = self._exploring
         for order, st, cls in window:
             best = cls.top
             floor = self.rate_floor * best
@@ -247,12 +248,16 @@ class BanditAllocation(Allocation):
             cands = free_by_type[st.type]
             pool = cands if len(cands) <= EXPLORE_SAMPLE else self.rng.sample(cands, EXPLORE_SAMPLE)
             sums, theta0, rho0, _, prior = cls.site.ranking.data
+            rates, skip, site_rates = cls.rates, cls.skip, cls.site.ranking.c
             for nid in pool:
-                if nid in cls.skip and nid not in cls.rates or (st.site, nid) in self._exploring:
-                    continue  # avoided (or too slow: never for the bandit), or being explored
-                known = cls.rate_of(nid)
-                if known is not None and known >= floor and known > 0:
-                    continue  # exploiting it would do
+                if nid in rates:
+                    known: float | None = rates[nid]
+                elif nid in skip:
+                    continue  # avoided (or too slow: never for the bandit)
+                else:
+                    known = site_rates.get(nid)
+                if known is not None and known >= floor and known > 0 or (st.site, nid) in exploring:
+                    continue  # exploiting it would do, or it is being explored
                 s = sums.get(nid)
                 draw = prior.sample(self.rng) if s is None else draw_rate(
                     self.rng, s, now=now, half_life=self.half_life, theta0=theta0, rho0=rho0, pace=cls.posts.get(nid))
