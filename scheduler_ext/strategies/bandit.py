@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import functools
 import math
+import operator
 import random
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
@@ -163,16 +164,20 @@ class BanditAllocation(Allocation):
         From ``previous`` (the same nodes, still valid, older sums): if the prior did not move, only the nodes
         whose sums changed are rated again (at ``previous``'s time, whose validity the ranking keeps)."""
         theta0, rho0 = self._prior(sums)
-        c: dict[str, float] = {}
-        valid_until = now + self.half_life / 10
-        old: Mapping[str, Sums] = {}
+        half_life = self.half_life
         if previous is not None and previous.data[1:3] == (theta0, rho0):
             old, valid_until, now = previous.data[0], previous.valid_until, previous.data[3]
-        for _, nid in typed.pairs:
-            s = sums.get(nid)
-            if s is not None:
-                c[nid] = previous.c[nid] if previous is not None and old.get(nid) is s else \
-                    expected_rate(s, now=now, half_life=self.half_life, theta0=theta0, rho0=rho0)
+            c = dict(previous.c)
+            for nid in old.keys() - sums.keys():
+                c.pop(nid, None)
+            index = typed.index
+            for nid, new in sums.items():
+                if old.get(nid) is not new and nid in index:
+                    c[nid] = expected_rate(new, now=now, half_life=half_life, theta0=theta0, rho0=rho0)
+        else:
+            valid_until = now + half_life / 10
+            c = {nid: expected_rate(s, now=now, half_life=half_life, theta0=theta0, rho0=rho0)
+                 for _, nid in typed.pairs if (s := sums.get(nid)) is not None}
         return _Ranking(typed, c, dict.fromkeys(c, 1.0), [], valid_until,
                         (sums, theta0, rho0, now, Posterior.prior(theta0, rho0)))
 
@@ -265,7 +270,7 @@ class BanditAllocation(Allocation):
                     continue
                 if draw <= best and busy(nid, self.rate_floor * best):
                     continue  # worth it only for a node with nothing as good to do on the window's sites
-                explore.append((draw / best if best > 0 else float("inf"), order, best <= 0, st, nid))
+                explore.append((-draw / best if best > 0 else -math.inf, order, best <= 0, st, nid))
         return self._match(explore, classes.values(), free, now, len(nodes))
 
     def _class(self, site: _Site, group: str, excluded: set[str], estimates: Estimates, now: float,
@@ -274,10 +279,16 @@ class BanditAllocation(Allocation):
         there is rated with the pace of those runs (a refined posterior), every other from the site's ranking."""
         sums, theta0, rho0, _, _ = site.ranking.data
         per_group = group_sums(estimates, group, site.site) if sums else {}
+        if not per_group:  # most products: the site's class
+            ck: tuple[Any, ...] = (id(site), frozenset(excluded))
+            cls = classes.get(ck)
+            if cls is None:
+                cls = classes[ck] = _Class(site, excluded, {}, math.inf, self.rate_floor)
+            return cls
         paces = {nid: pace for nid, pace in per_group.items() if nid in site.ranking.c and nid not in excluded}
         rates = {nid: expected_rate(sums[nid], now=now, half_life=self.half_life, theta0=theta0, rho0=rho0,
                                     pace=pace) for nid, pace in paces.items()}
-        ck = (id(site), frozenset(excluded), tuple(sorted(rates.items())))
+        ck = (id(site), frozenset(excluded), *sorted(rates.items()))
         cls = classes.get(ck)
         if cls is None:
             cls = classes[ck] = _Class(site, excluded | rates.keys(), rates, math.inf, self.rate_floor)
@@ -289,7 +300,7 @@ class BanditAllocation(Allocation):
         assigned: set[str] = set()
         result: list[tuple[Subtask, str]] = []
         assert self.credit is not None
-        explore.sort(key=lambda e: (-e[0], e[1]))
+        explore.sort(key=operator.itemgetter(0, 1))  # highest draw / best first, then priority
         for _, _, needed, st, nid in explore:
             if st.id in assigned or free.get(nid, 0) <= 0 or (st.site, nid) in self._exploring:
                 continue
