@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from conftest import run_scrapy
 
-from scheduler_ext.control import Decision, Entry, EstimateCache, Snapshot, decide
+from scheduler_ext.control import Decision, EstimateCache
 from scheduler_ext.keys import Keys
 from scheduler_ext.models import Report, Subtask
 from scheduler_ext.sim import Simulation, TaskSpec
@@ -143,34 +143,14 @@ class Logged(Simulation):
 
 
 class EveryTick(Logged):
-    """The simulator's former tick, the specification of the fast one: every tick builds the whole snapshot, the
-    waiting records encoded anew and decoded by ``decide`` (no ``parsed``), and decides, whatever changed."""
+    """The simulator's former tick, the specification of the fast one: it decides every tick, whatever changed,
+    with the waiting records encoded anew and decoded by ``decide`` (no ``parsed``)."""
 
-    def _tick(self) -> None:
-        nodes = self.live_nodes()
-        total_free = sum(n.free for n in nodes)
-        size = self.strategies.window(total_free) if total_free else 0
-        self._fill(size)
-        k = self.keys
-        reports, self.reports = self.reports, []
-        failures, self.failures = self.failures, []
-        stale: list[tuple[str, str | None]] = []
-        while self.lost and self.lost[0][0] <= self.now:
-            _, st = self.lost.pop(0)
-            stale.append((st.id, st.to_json()))
-        tids = {r.subtask.task for r in (*reports, *failures)}
-        snap = Snapshot(
-            keys=k, now=self.now, estimates=self.estimates, ids=self.ids,
-            reports=[Entry(k.sleeping, raw, len(raw)) for raw in (r.to_json() for r in reports)],
-            failures=[Entry(k.failed, raw, len(raw)) for raw in (r.to_json() for r in failures)],
-            tasks={tid: self.tasks[tid].task.to_json() if tid in self.tasks else None for tid in tids},
-            stale=stale, nodes=nodes,
-            waiting=[(sid, self.subtasks[sid].to_json()) for _, _, sid in self.waiting[:size]])
-        for decision in decide(snap, self.strategies, self.now):
-            self._apply(decision)
-        if self._taken:
-            self.waiting = [w for w in self.waiting if w[2] not in self._taken]
-            self._taken.clear()
+    def _nothing_to_decide(self, total_free: int) -> bool:
+        return False
+
+    def _window(self, size: int) -> tuple[list[tuple[str, str | None]], dict[str, Subtask]]:
+        return [(sid, self.subtasks[sid].to_json()) for _, _, sid in self.waiting[:size]], {}
 
 
 @pytest.mark.parametrize(("name", "family"), [("bandit", "specialists"), ("bandit", "churn"), ("paper", "drift")])

@@ -220,9 +220,8 @@ class Simulation:
         """One control tick: the snapshot the control would read, its own :func:`decide`, the writes applied."""
         nodes = self.live_nodes()
         total_free = sum(n.free for n in nodes)
-        if not total_free and not self.reports and not self.failures \
-                and not (self.lost and self.lost[0][0] <= self.now):
-            return  # nothing to decide: decide would read this and do nothing (nothing is allocated without a slot)
+        if self._nothing_to_decide(total_free):
+            return
         size = self.strategies.window(total_free) if total_free else 0
         self._fill(size)
         k = self.keys
@@ -233,19 +232,31 @@ class Simulation:
             _, st = self.lost.pop(0)
             stale.append((st.id, st.to_json()))
         tids = {r.subtask.task for r in (*reports, *failures)}
+        waiting, parsed = self._window(size)
         snap = Snapshot(
             keys=k, now=self.now, estimates=self.estimates, ids=self.ids,
             reports=[Entry(k.sleeping, raw, len(raw)) for raw in (r.to_json() for r in reports)],
             failures=[Entry(k.failed, raw, len(raw)) for raw in (r.to_json() for r in failures)],
             tasks={tid: self.tasks[tid].task.to_json() if tid in self.tasks else None for tid in tids},
             stale=stale, nodes=nodes,
-            waiting=[(sid, self.records[sid]) for _, _, sid in self.waiting[:size]],
-            parsed={self.records[sid]: self.subtasks[sid] for _, _, sid in self.waiting[:size]})
+            waiting=waiting, parsed=parsed)
         for decision in decide(snap, self.strategies, self.now):
             self._apply(decision)
         if self._taken:
             self.waiting = [w for w in self.waiting if w[2] not in self._taken]
             self._taken.clear()
+
+    def _nothing_to_decide(self, total_free: int) -> bool:
+        """True if :func:`decide` would read this tick and decide nothing: no free slot (nothing is allocated
+        without one), no report, no failure, no lost work due."""
+        return not total_free and not self.reports and not self.failures \
+            and not (self.lost and self.lost[0][0] <= self.now)
+
+    def _window(self, size: int) -> tuple[list[tuple[str, str | None]], dict[str, Subtask]]:
+        """The first ``size`` waiting subtasks as the control reads them: (id, record), and record -> subtask
+        (their records were encoded once, when they entered ``waiting``; ``decide`` need not decode them)."""
+        ids = [sid for _, _, sid in self.waiting[:size]]
+        return [(sid, self.records[sid]) for sid in ids], {self.records[sid]: self.subtasks[sid] for sid in ids}
 
     def _apply(self, decision: Decision) -> None:
         """Apply one decision's writes to the simulated state (its guards hold: nothing runs between the steps)."""
