@@ -176,8 +176,9 @@ class BanditAllocation(Allocation):
                     c[nid] = expected_rate(new, now=now, half_life=half_life, theta0=theta0, rho0=rho0)
         else:
             valid_until = now + half_life / 10
+            index = typed.index
             c = {nid: expected_rate(s, now=now, half_life=half_life, theta0=theta0, rho0=rho0)
-                 for _, nid in typed.pairs if (s := sums.get(nid)) is not None}
+                 for nid, s in sums.items() if nid in index}
         return _Ranking(typed, c, dict.fromkeys(c, 1.0), [], valid_until,
                         (sums, theta0, rho0, now, Posterior.prior(theta0, rho0)))
 
