@@ -72,7 +72,7 @@ class _Ranking:
     """The candidates of one (site, node type) ranked by their site-wide figures: ``c`` (what a node collects, or
     for the bandit its expected rate) over ``spp`` (seconds per page, 1 for the bandit) is a node's rate. Built
     once and kept across calls by :class:`Rankings` while the live nodes, the site's figures and the time allow.
-    ``data``: what the strategy keeps beside it (the bandit's posteriors)."""
+    ``data``: what the strategy keeps beside it (the bandit: the site's sums and prior)."""
 
     def __init__(self, typed: _Typed, c: dict[str, float], spp: dict[str, float],
                  unexplored: list[str], valid_until: float, data: Any = None) -> None:
@@ -207,7 +207,7 @@ class _Class:
                  rate_floor: float) -> None:
         r = site.ranking
         self.site, self.skip, self.rates = site, skip, others
-        self.posts: dict[str, Any] = {}  # what the strategy keeps per node of ``others`` (the bandit's posteriors)
+        self.posts: dict[str, Any] = {}  # what the strategy keeps per node of ``others`` (the bandit: pace sums)
         best_b = next((-negr for negr, _, n in r.under(threshold) if n not in skip), None)
         rates = [v for v in (max(others.values(), default=None), best_b) if v is not None]
         self.top = max(rates, default=0.0)  # the best rate among all candidates, busy ones included
