@@ -1,5 +1,7 @@
 """Milliseconds per control tick at 200 nodes / 100,000 waiting and 1,000 nodes / 1,000,000 waiting subtasks,
 every node holding estimates for every site (the worst case for allocation); Redis bytes per waiting subtask.
+Measured for the default allocation (:class:`BanditAllocation`) and the paper's :class:`DynamicAllocation`,
+interleaved tick by tick over the same state.
 
 Run: ``.venv/bin/python benchmarks/bench_control.py [--sizes 200:100000,1000:1000000] [--profile]`` (or
 ``make bench``); docs/benchmarks.md explains it. ``--profile`` prints where one working tick at the largest size
@@ -16,12 +18,14 @@ prefix:
    count, is the memory per waiting subtask. Task records are written for the first 100,000 only and
    measured per record.
 2. The nodes register through :meth:`Store.heartbeat` (types 0 and 1, prefetch 1), and every (site, node)
-   pair gets run-control estimates of similar value in ``est:site:<site>`` (so that :class:`DynamicAllocation`
-   knows every node, finds every node's rate above its floor and fills every free slot).
-3. :class:`scheduler_ext.control.Control` is built directly (no splitter, the default dynamic strategies).
-   *Working ticks*: before each tick every node takes what it was given (:meth:`Store.take`), so each tick finds
-   every slot free and must fill it (``allocated`` = nodes: a freed slot gets work within one tick).
-   *Idle ticks*: nothing changed since the last tick.
+   pair gets run-control estimates of similar value in ``est:site:<site>``, the paper's moving estimates and the
+   bandit's sums as the finish script writes them (so that either allocation knows every node, finds every
+   node's rate above its floor and fills every free slot).
+3. Two :class:`scheduler_ext.control.Control` are built directly over the same state (no splitter, the dynamic
+   modification and recall), one per allocation, and tick in turn. *Working ticks*: before each tick every node
+   takes what it was given (:meth:`Store.take`), so each tick finds every slot free and must fill it
+   (``allocated`` = nodes: a freed slot gets work within one tick). *Idle ticks*: nothing changed since the last
+   tick.
 
 The last line printed is one JSON object; it is also written to benchmarks/results/bench_control.json.
 """
@@ -53,11 +57,14 @@ from scheduler_ext.control import Control  # noqa: E402
 from scheduler_ext.keys import Keys  # noqa: E402
 from scheduler_ext.models import Subtask, Task  # noqa: E402
 from scheduler_ext.store import Store  # noqa: E402
+from scheduler_ext.strategies import Allocation  # noqa: E402
 from scheduler_ext.strategies.allocation import DynamicAllocation  # noqa: E402
+from scheduler_ext.strategies.bandit import BanditAllocation  # noqa: E402
 from scheduler_ext.strategies.modification import DynamicModification  # noqa: E402
 from scheduler_ext.strategies.recall import DynamicRecall  # noqa: E402
 
 SIZES = ((200, 100_000), (1_000, 1_000_000))  # (nodes, waiting subtasks)
+ALLOCATIONS = {"bandit": BanditAllocation, "dynamic": DynamicAllocation}  # the default first
 TARGETS_MS = {(200, 100_000): 50.0, (1_000, 1_000_000): 250.0}  # the issue's targets for the median working tick
 WORK_TICKS = 8  # measured working ticks per size (after WARM_TICKS)
 WARM_TICKS = 1  # the first tick takes the leader lease and loads every site's estimates; not measured
@@ -168,24 +175,32 @@ def register_nodes(store: Store, count: int, site_list: list[tuple[str, int]]) -
     now = store.now()
     with store.redis.pipeline(transaction=False) as pipe:
         for site, _ in site_list:
-            pipe.hset(store.keys.est_site(site), mapping={nid: json.dumps({
-                "c": rng.uniform(0.85, 0.95), "spp": rng.uniform(0.45, 0.55), "runs": 5, "last": now})
-                for nid in nodes})
+            mapping = {}
+            for nid in nodes:
+                c, spp, pages = rng.uniform(0.85, 0.95), rng.uniform(0.45, 0.55), 20.0
+                mapping[nid] = json.dumps({"c": c, "spp": spp, "runs": 5, "last": now, "n": 4.0, "pg": pages,
+                                           "got": c * pages, "sec": spp * pages})
+            pipe.hset(store.keys.est_site(site), mapping=mapping)
         pipe.execute()
     return nodes
 
 
-def make_control(store: Store) -> Control:
-    return Control(store, splitter=None, allocation=DynamicAllocation(), modification=DynamicModification(),
+def make_control(store: Store, allocation: Allocation) -> Control:
+    return Control(store, splitter=None, allocation=allocation, modification=DynamicModification(),
                    recall=DynamicRecall(), control_id="bench-control")
 
 
 def take_all(store: Store, nodes: list[str]) -> int:
     """Every node takes what its crawl queue holds (as a node's refill does), freeing its slot."""
-    taken = 0
-    for nid in nodes:
-        while store.take(nid, 600.0, 600.0) is not None:
-            taken += 1
+    k, taken, left = store.keys, 0, list(nodes)
+    while left:  # one pipelined round per queued subtask a node holds: setting up a tick must not outlast it
+        with store.redis.pipeline(transaction=False) as pipe:
+            for nid in left:
+                store._take(keys=[k.crawl(nid), k.leases, k.lease_info, k.subtasks, k.failed, k.queued, k.seq,
+                                  k.counters], args=[nid, 8, 600.0, 600.0], client=pipe)
+            got = pipe.execute()
+        left = [nid for nid, res in zip(left, got, strict=True) if res]
+        taken += len(left)
     return taken
 
 
@@ -204,52 +219,60 @@ def _time_phase(obj: Any, name: str, totals: dict[str, float]) -> None:
 
 
 @dataclass
-class Deployment:
-    """One size under test: its own key prefix, nodes and control."""
+class Measured:
+    """One allocation's control over a deployment, and what its ticks measured."""
 
-    nodes_n: int
-    n: int
-    store: Store
-    nodes: list[str]
     control: Control
-    fill_s: float
-    bytes_waiting: int
-    bytes_task: int
     work_ms: list[float] = field(default_factory=list)
     idle_ms: list[float] = field(default_factory=list)
     allocated: list[int] = field(default_factory=list)
     phases: dict[str, float] = field(default_factory=lambda: {"read": 0.0, "allocate": 0.0, "apply": 0.0})
 
 
+@dataclass
+class Deployment:
+    """One size under test: its own key prefix, nodes, and a control per allocation."""
+
+    nodes_n: int
+    n: int
+    store: Store
+    nodes: list[str]
+    fill_s: float
+    bytes_waiting: int
+    bytes_task: int
+    runs: dict[str, Measured]
+
+
 def setup(client: redis.Redis, nodes_n: int, n: int, site_list: list[tuple[str, int]]) -> Deployment:
     store = Store(client, Keys(f"{{bench-ctl-{nodes_n}-{n}}}"))
     fill_s, bytes_waiting, bytes_task = fill_waiting(store, n, site_list)
     nodes = register_nodes(store, nodes_n, site_list)
-    return Deployment(nodes_n, n, store, nodes, make_control(store), fill_s, bytes_waiting, bytes_task)
+    runs = {name: Measured(make_control(store, cls())) for name, cls in ALLOCATIONS.items()}
+    return Deployment(nodes_n, n, store, nodes, fill_s, bytes_waiting, bytes_task, runs)
 
 
-def working_tick(d: Deployment, measured: bool) -> None:
+def working_tick(d: Deployment, m: Measured, measured: bool) -> None:
     take_all(d.store, d.nodes)
     t0 = time.perf_counter()
-    r = d.control.tick()
+    r = m.control.tick()
     ms = (time.perf_counter() - t0) * 1000
     if measured:
-        d.work_ms.append(ms)
-        d.allocated.append(r.allocated)
+        m.work_ms.append(ms)
+        m.allocated.append(r.allocated)
 
 
-def idle_tick(d: Deployment) -> None:
+def idle_tick(m: Measured) -> None:
     t0 = time.perf_counter()
-    r = d.control.tick()
-    d.idle_ms.append((time.perf_counter() - t0) * 1000)
+    r = m.control.tick()
+    m.idle_ms.append((time.perf_counter() - t0) * 1000)
     assert r.allocated == 0, "an idle tick allocated"
 
 
-def profile_tick(d: Deployment) -> str:
+def profile_tick(d: Deployment, m: Measured) -> str:
     take_all(d.store, d.nodes)
     prof = cProfile.Profile()
     prof.enable()
-    d.control.tick()
+    m.control.tick()
     prof.disable()
     buf = io.StringIO()
     pstats.Stats(prof, stream=buf).sort_stats(PROFILE_SORT).print_stats(30)
@@ -260,25 +283,31 @@ def run_size(client: redis.Redis, nodes_n: int, n: int, site_list: list[tuple[st
              profile: bool) -> tuple[dict[str, Any], str]:
     d = setup(client, nodes_n, n, site_list)
     for i in range(WARM_TICKS + WORK_TICKS):
-        if i == WARM_TICKS:
-            _time_phase(d.control, "read", d.phases)
-            _time_phase(d.control.allocation, "allocate", d.phases)
-            _time_phase(d.control, "apply", d.phases)
-        working_tick(d, measured=i >= WARM_TICKS)
-    prof_text = profile_tick(d) if profile else ""
+        for m in d.runs.values():  # interleaved: both allocations see the same machine load
+            if i == WARM_TICKS:
+                _time_phase(m.control, "read", m.phases)
+                _time_phase(m.control.allocation, "allocate", m.phases)
+                _time_phase(m.control, "apply", m.phases)
+            working_tick(d, m, measured=i >= WARM_TICKS)
+    prof_text = "".join(f"--- {name}\n{profile_tick(d, m)}" for name, m in d.runs.items()) if profile else ""
+    take_all(d.store, d.nodes)
+    for m in d.runs.values():  # fill every slot once, then nothing changes
+        m.control.tick()
     for _ in range(IDLE_TICKS):
-        idle_tick(d)
-    result = {"nodes": nodes_n, "waiting": n, "fill_s": round(d.fill_s, 2),
-              "redis_bytes_per_waiting_subtask": round(d.bytes_waiting / n, 1),
-              "redis_bytes_per_task_record": d.bytes_task,
-              "tick_ms_median": round(statistics.median(d.work_ms), 1), "tick_ms_max": round(max(d.work_ms), 1),
-              "target_ms": TARGETS_MS.get((nodes_n, n)),
-              "allocated_per_tick": statistics.median(d.allocated),
-              "read_ms_mean": round(d.phases["read"] * 1000 / WORK_TICKS, 1),
-              "allocate_ms_mean": round(d.phases["allocate"] * 1000 / WORK_TICKS, 1),
-              "apply_ms_mean": round(d.phases["apply"] * 1000 / WORK_TICKS, 1),
-              "idle_tick_ms_median": round(statistics.median(d.idle_ms), 2),
-              "estimate_reads_after_warm_up": d.control.estimates.reads}
+        for m in d.runs.values():
+            idle_tick(m)
+    result: dict[str, Any] = {"nodes": nodes_n, "waiting": n, "fill_s": round(d.fill_s, 2),
+                              "redis_bytes_per_waiting_subtask": round(d.bytes_waiting / n, 1),
+                              "redis_bytes_per_task_record": d.bytes_task, "target_ms": TARGETS_MS.get((nodes_n, n))}
+    for name, m in d.runs.items():
+        result[name] = {"tick_ms_median": round(statistics.median(m.work_ms), 1),
+                        "tick_ms_max": round(max(m.work_ms), 1),
+                        "allocated_per_tick": statistics.median(m.allocated),
+                        "read_ms_mean": round(m.phases["read"] * 1000 / WORK_TICKS, 1),
+                        "allocate_ms_mean": round(m.phases["allocate"] * 1000 / WORK_TICKS, 1),
+                        "apply_ms_mean": round(m.phases["apply"] * 1000 / WORK_TICKS, 1),
+                        "idle_tick_ms_median": round(statistics.median(m.idle_ms), 2),
+                        "estimate_reads_after_warm_up": m.control.estimates.reads}
     d.store.purge()
     return result, prof_text
 
@@ -308,17 +337,18 @@ def main() -> None:
         finally:
             services.stop_pid(proc.pid)
     print(f"redis-server {url} (private), {len(site_list)} sites, every node with estimates for every site, "
-          "default dynamic strategies")
+          "the dynamic modification and recall")
     for r in runs:
         target = f" (target <= {r['target_ms']:.0f} ms)" if r["target_ms"] else ""
-        print(f"{r['nodes']:>5,} nodes, {r['waiting']:>9,} waiting: working tick median {r['tick_ms_median']:.1f} ms"
-              f"{target}, max {r['tick_ms_max']:.1f}, {r['allocated_per_tick']:.0f} allocated per tick; idle tick "
-              f"{r['idle_tick_ms_median']:.2f} ms")
-        print(f"        read {r['read_ms_mean']:.0f} ms, allocation strategy {r['allocate_ms_mean']:.0f} ms, apply "
-              f"{r['apply_ms_mean']:.0f} ms (means); fill {r['fill_s']:.1f} s; "
+        print(f"{r['nodes']:>5,} nodes, {r['waiting']:>9,} waiting{target}: fill {r['fill_s']:.1f} s; "
               f"{r['redis_bytes_per_waiting_subtask']:.0f} B per waiting subtask "
-              f"(+{r['redis_bytes_per_task_record']} B per task record); "
-              f"{r['estimate_reads_after_warm_up']} estimate reads in all")
+              f"(+{r['redis_bytes_per_task_record']} B per task record)")
+        for name in ALLOCATIONS:
+            a = r[name]
+            print(f"   {name:>8}: working tick median {a['tick_ms_median']:.1f} ms, max {a['tick_ms_max']:.1f}, "
+                  f"{a['allocated_per_tick']:.0f} allocated per tick; idle tick {a['idle_tick_ms_median']:.2f} ms; "
+                  f"read {a['read_ms_mean']:.0f} ms, allocation strategy {a['allocate_ms_mean']:.0f} ms, apply "
+                  f"{a['apply_ms_mean']:.0f} ms (means); {a['estimate_reads_after_warm_up']} estimate reads")
     out = {"runs": runs}
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps(out, indent=2) + "\n")

@@ -10,7 +10,7 @@ items / best possible, bandit / paper, bandit / fifo, and for the families where
 pair turning good to its first run (only pairs that the best schedule uses once they are good).
 
 ``--scale`` also times one bandit run of 1,000 nodes x 200 sites x 10,000 products (``--scale-duration`` simulated
-seconds, default 600) and extrapolates to a simulated day.
+seconds, default 600) and extrapolates to a simulated day; ``--families none --scale`` times that run alone.
 """
 
 from __future__ import annotations
@@ -95,12 +95,13 @@ def main() -> None:
     p.add_argument("--products", type=int, default=4)
     p.add_argument("--duration", type=float, default=300.0)
     p.add_argument("--seeds", type=int, default=5)
-    p.add_argument("--families", default="all")
+    p.add_argument("--families", default="all", help="comma-separated, 'all' or 'none'")
     p.add_argument("--scale", action="store_true")
     p.add_argument("--scale-duration", type=float, default=600.0)
     p.add_argument("--out", type=Path, default=Path("benchmarks/results/bench_quality.json"))
     args = p.parse_args()
-    families = FAMILIES if args.families == "all" else tuple(args.families.split(","))
+    families = FAMILIES if args.families == "all" else () if args.families == "none" \
+        else tuple(args.families.split(","))
     result: dict[str, Any] = {"settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
                               "families": {}}
     for family in families:

@@ -112,16 +112,18 @@ class EstimateCache:
         self.reads += len(fields)
         # Copy on write: a changed site gets a new mapping, which is how allocation knows to re-rank its nodes.
         sites = {what: dict(self._sites[what]) for kind, what, _ in fields if kind == "s"}
+        site_sums = {what: dict(self._site_sums.get(what, {})) for what in sites}
         for (kind, what, node), raw in zip(fields, rows, strict=True):
             e = _parse_one(raw)
             sums = _sums(e)
             if kind == "s":
                 sites[what][node] = (_estimate(e, "c"), _estimate(e, "spp"))
-                _put(self._site_sums.setdefault(what, {}), node, sums)
+                _put(site_sums[what], node, sums)
             else:
                 self._groups[what][node] = _estimate(e, "spp")
                 _put(self._group_sums.setdefault(what, {}), node, sums)
         self._sites.update(sites)
+        self._site_sums.update(site_sums)
 
     def prefetch(self, sites: Iterable[str], group_sites: Iterable[tuple[str, str]]) -> None:
         """Load the estimate hashes of these sites and (product, site) pairs not loaded yet, in one round trip

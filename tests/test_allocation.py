@@ -9,6 +9,7 @@ site's, nodes to avoid, subtasks past their patience, zero speeds, ties.
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Sequence
 
@@ -16,7 +17,9 @@ import pytest
 
 from scheduler_ext.models import Subtask
 from scheduler_ext.strategies import Estimate, Estimates, NodeView
-from scheduler_ext.strategies.allocation import DynamicAllocation
+from scheduler_ext.strategies.allocation import DynamicAllocation, Rankings
+from scheduler_ext.strategies.bandit import BanditAllocation
+from scheduler_ext.strategies.posterior import Sums, update_sums
 
 NOW = 10_000.0
 
@@ -111,3 +114,56 @@ def test_indexed_allocation_chooses_exactly_what_the_plain_greedy_does(seed: int
         assert sorted((s.id, n) for s, n in plain.allocate(subtasks, nodes, PlainEstimates(est), now)) \
             == sorted(want)
         assert fast._exploring == ref._exploring == plain._exploring
+
+
+# --- the bandit: rankings kept across calls and updated for what changed choose what fresh ones do ---------------
+
+
+class SumsFigures:
+    """The bandit's sums per site and per (product, site), replaced copy-on-write (as the control's cache does)."""
+
+    def __init__(self) -> None:
+        self.sites: dict[str, dict[str, Sums]] = {}
+        self.groups: dict[tuple[str, str], dict[str, Sums]] = {}
+
+    def completion(self, site: str, node: str) -> Estimate | None:
+        return None
+
+    def seconds_per_page(self, group: str, site: str, node: str) -> Estimate | None:
+        return None
+
+    def site_sums(self, site: str) -> dict[str, Sums]:
+        return self.sites.get(site, {})
+
+    def group_sums(self, group: str, site: str) -> dict[str, Sums]:
+        return self.groups.get((group, site), {})
+
+    def run(self, rng: random.Random, site: str, group: str, node: str, now: float) -> None:
+        pages = rng.randint(0, 10)
+        kw = {"pages_done": pages, "failed_pages": rng.choice([0, 0, 1]), "offered": 10 * pages,
+              "collected": rng.randint(0, 10 * pages), "seconds": rng.uniform(0.1, 5), "alpha": 0.3, "now": now}
+        self.sites[site] = {**self.sites.get(site, {}), node: update_sums(self.sites.get(site, {}).get(node), **kw)}
+        if rng.random() < 0.5:
+            g = self.groups.setdefault((group, site), {})
+            g[node] = update_sums(g.get(node), **kw)
+
+
+@pytest.mark.parametrize("seed", range(60))
+def test_bandit_kept_rankings_choose_what_fresh_ones_do(seed: int) -> None:
+    # Without time discount (an infinite half-life) a ranking updated for the nodes whose sums changed must be the
+    # ranking built afresh; the exploration draws then use the same random numbers in both.
+    subtasks, nodes, _ = scenario(seed)
+    rng = random.Random(seed)
+    est = SumsFigures()
+    sites = sorted({s.site for s in subtasks}) or ["s0.com"]
+    for _ in range(rng.randint(0, 40)):
+        est.run(rng, rng.choice(sites), f"g{rng.randint(0, 3)}", rng.choice(nodes).id, NOW - 5)
+    params = {"half_life": math.inf, "explore_share": rng.choice([0.0, 0.2, 1.0]), "seed": seed}
+    kept, fresh = BanditAllocation(**params), BanditAllocation(**params)  # type: ignore[arg-type]
+    for tick in range(4):
+        now = NOW + 20 * tick
+        fresh._rankings = Rankings()  # nothing kept from the last call
+        got = [(s.id, n) for s, n in kept.allocate(subtasks, nodes, est, now)]
+        assert got == [(s.id, n) for s, n in fresh.allocate(subtasks, nodes, est, now)]
+        for _ in range(rng.randint(1, 5)):  # runs finish between ticks: their sites' sums are new mappings
+            est.run(rng, rng.choice(sites), f"g{rng.randint(0, 3)}", rng.choice(nodes).id, now)

@@ -124,6 +124,7 @@ class Simulation:
         self.tasks: dict[str, _TaskState] = {}
         self.waiting: list[tuple[float, int, str]] = []  # (priority, id, ...) sorted
         self.subtasks: dict[str, Subtask] = {}
+        self.records: dict[str, str] = {}  # waiting subtask id -> its record (JSON), made once
         self.queues: dict[str, list[Subtask]] = {n: [] for n in self.nodes}
         self.running: dict[str, _Run | None] = dict.fromkeys(self.nodes)
         self.reports: list[Report] = []
@@ -209,8 +210,9 @@ class Simulation:
                                priority=task.priority, first_page=0, page_limit=self.page_limit,
                                time_limit=self.time_limit, since=self.now))
 
-    def _wait(self, st: Subtask) -> None:
+    def _wait(self, st: Subtask, raw: str | None = None) -> None:
         self.subtasks[st.id] = st
+        self.records[st.id] = st.to_json() if raw is None else raw
         bisect.insort(self.waiting, (st.priority, int(st.id), st.id))
 
     # --- the control ----------------------------------------------------------------------------------------------
@@ -218,6 +220,8 @@ class Simulation:
         """One control tick: the snapshot the control would read, its own :func:`decide`, the writes applied."""
         nodes = self.live_nodes()
         total_free = sum(n.free for n in nodes)
+        if self._nothing_to_decide(total_free):
+            return
         size = self.strategies.window(total_free) if total_free else 0
         self._fill(size)
         k = self.keys
@@ -228,18 +232,31 @@ class Simulation:
             _, st = self.lost.pop(0)
             stale.append((st.id, st.to_json()))
         tids = {r.subtask.task for r in (*reports, *failures)}
+        waiting, parsed = self._window(size)
         snap = Snapshot(
             keys=k, now=self.now, estimates=self.estimates, ids=self.ids,
             reports=[Entry(k.sleeping, raw, len(raw)) for raw in (r.to_json() for r in reports)],
             failures=[Entry(k.failed, raw, len(raw)) for raw in (r.to_json() for r in failures)],
             tasks={tid: self.tasks[tid].task.to_json() if tid in self.tasks else None for tid in tids},
             stale=stale, nodes=nodes,
-            waiting=[(sid, self.subtasks[sid].to_json()) for _, _, sid in self.waiting[:size]])
+            waiting=waiting, parsed=parsed)
         for decision in decide(snap, self.strategies, self.now):
             self._apply(decision)
         if self._taken:
             self.waiting = [w for w in self.waiting if w[2] not in self._taken]
             self._taken.clear()
+
+    def _nothing_to_decide(self, total_free: int) -> bool:
+        """True if :func:`decide` would read this tick and decide nothing: no free slot (nothing is allocated
+        without one), no report, no failure, no lost work due."""
+        return not total_free and not self.reports and not self.failures \
+            and not (self.lost and self.lost[0][0] <= self.now)
+
+    def _window(self, size: int) -> tuple[list[tuple[str, str | None]], dict[str, Subtask]]:
+        """The first ``size`` waiting subtasks as the control reads them: (id, record), and record -> subtask
+        (their records were encoded once, when they entered ``waiting``; ``decide`` need not decode them)."""
+        ids = [sid for _, _, sid in self.waiting[:size]]
+        return [(sid, self.records[sid]) for sid in ids], {self.records[sid]: self.subtasks[sid] for sid in ids}
 
     def _apply(self, decision: Decision) -> None:
         """Apply one decision's writes to the simulated state (its guards hold: nothing runs between the steps)."""
@@ -258,7 +275,7 @@ class Simulation:
                         self.tasks_done += 1
                         del self.tasks[task.id]  # nothing refers to it any more: memory stays bounded at scale
             elif op == "zadd" and key == k.waiting:
-                self._wait(Subtask.from_json(records[w[3]]))
+                self._wait(Subtask.from_json(records[w[3]]), records[w[3]])
             elif op == "lpush" and key.startswith(self._crawl_key):
                 self._queue(key[len(self._crawl_key):], Subtask.from_json(w[2]))
             elif op == "hincrby" and key.startswith(self._counts_key):
@@ -267,6 +284,7 @@ class Simulation:
             self.allocated += 1
             self._taken.add(decision.subject)
             self.subtasks.pop(decision.subject, None)
+            self.records.pop(decision.subject, None)
 
     def live_nodes(self) -> list[NodeView]:
         return [NodeView(id=n.id, types=list(n.types), address=n.address,

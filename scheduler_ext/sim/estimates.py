@@ -62,7 +62,10 @@ class MemoryEstimates:
             assert e.sums is not None  # updated() always sets them
             sums[node] = e.sums
 
-        update(self.sites.setdefault(site, {}), self._site_sums.setdefault(site, {}), True)
+        # Copy on write, as the control's cache does: a site's sums are a new mapping after a run, which is how
+        # allocation knows to re-rank the site's nodes.
+        site_sums = self._site_sums[site] = dict(self._site_sums.get(site, {}))
+        update(self.sites.setdefault(site, {}), site_sums, True)
         update(self.groups.setdefault((group, site), {}), self._group_sums.setdefault((group, site), {}), False)
 
     # --- the Estimates protocol -------------------------------------------------------------------------------------

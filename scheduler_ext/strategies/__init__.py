@@ -63,7 +63,8 @@ class EstimateSums(Estimates, Protocol):
     (:mod:`scheduler_ext.strategies.posterior`). A store without them still serves the paper's strategies."""
 
     def site_sums(self, site: str) -> Mapping[str, Sums]:
-        """Node -> sums of every node that ran on ``site`` (every product)."""
+        """Node -> sums of every node that ran on ``site`` (every product); a new mapping whenever its content
+        changes (the bandit keeps its ranking of the site's nodes while it gets the same object)."""
 
     def group_sums(self, group: str, site: str) -> Mapping[str, Sums]:
         """Node -> sums of every node that ran this product on ``site``."""

@@ -27,10 +27,11 @@ told the truth, lives with the simulated web that knows it (product_crawl/oracle
 
 from __future__ import annotations
 
+import functools
 import heapq
 import math
 import zlib
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from ..config import config_for
@@ -68,28 +69,30 @@ class _PerNode:
 
 
 class _Ranking:
-    """The candidates of one (site, node type) ranked by their site-wide figures: built once, kept across calls
-    while the live nodes, the site's figures (the same mapping object) and the time (no estimate goes stale)
-    allow."""
+    """The candidates of one (site, node type) ranked by their site-wide figures: ``c`` (what a node collects, or
+    for the bandit its expected rate) over ``spp`` (seconds per page, 1 for the bandit) is a node's rate. Built
+    once and kept across calls by :class:`Rankings` while the live nodes, the site's figures and the time allow.
+    ``data``: what the strategy keeps beside it (the bandit: the site's sums and prior)."""
 
-    def __init__(self, alloc: DynamicAllocation, typed: list[tuple[int, str]],
-                 figures: dict[str, tuple[Estimate | None, Estimate | None]], now: float) -> None:
-        self.ids = {nid for _, nid in typed}
-        self.index = {nid: idx for idx, nid in typed}
-        self.c: dict[str, float] = {}  # explored nodes -> completion
-        self.spp: dict[str, float] = {}  # explored nodes -> site-wide seconds per page (as used in a rate)
-        self.unexplored: list[str] = []  # in node order
-        self.valid_until = math.inf  # when the first explored estimate goes stale
-        for _, nid in typed:
-            c, p = figures.get(nid, (None, None))
-            if c is None or c.runs < alloc.explore_runs or now - c.last_run > alloc.stale_after:
-                self.unexplored.append(nid)
-                continue
-            self.c[nid], self.spp[nid] = c.value, _spp(p)
-            self.valid_until = min(self.valid_until, c.last_run + alloc.stale_after)
-        self.by_spp = sorted((self.spp[n], self.index[n], n) for n in self.c)
-        self.by_rate = sorted((-self.rate(n), self.index[n], n) for n in self.c)
+    def __init__(self, typed: _Typed, c: dict[str, float], spp: dict[str, float],
+                 unexplored: list[str], valid_until: float, data: Any = None) -> None:
+        self.ids, self.index = typed.ids, typed.index
+        self.c = c  # explored nodes -> completion
+        self.spp = spp  # explored nodes -> site-wide seconds per page (as used in a rate)
+        self.unexplored = unexplored  # in node order
+        self.valid_until = valid_until  # when the ranking must be rebuilt (an estimate goes stale)
+        self.data = data
+        index = self.index
+        self.by_rate = sorted([(-(v / max(spp[n], _MIN_SPP)), index[n], n) for n, v in c.items()])
+        self._by_spp: list[tuple[float, int, str]] | None = None
         self._under: dict[float, list[tuple[float, int, str]]] = {}
+
+    @property
+    def by_spp(self) -> list[tuple[float, int, str]]:
+        """The explored nodes, fastest first (made when first asked: the bandit never asks)."""
+        if self._by_spp is None:
+            self._by_spp = sorted((self.spp[n], self.index[n], n) for n in self.c)
+        return self._by_spp
 
     def under(self, threshold: float) -> list[tuple[float, int, str]]:
         """``by_rate`` without the nodes slower than ``threshold`` seconds per page (kept per threshold)."""
@@ -101,6 +104,60 @@ class _Ranking:
 
     def rate(self, nid: str, spp: float | None = None) -> float:
         return self.c[nid] / max(self.spp[nid] if spp is None else spp, _MIN_SPP)
+
+
+class _Typed:
+    """The live nodes of one type: (index among the live nodes, id) in node order, their ids, id -> index."""
+
+    def __init__(self, nodes: Sequence[NodeView], node_type: int) -> None:
+        self.pairs = [(i, n.id) for i, n in enumerate(nodes) if node_type in n.types]
+        self.ids = {nid for _, nid in self.pairs}
+        self.index = {nid: i for i, nid in self.pairs}
+
+
+class Rankings:
+    """Each (site, node type)'s :class:`_Ranking`, kept across calls: rebuilt only when the live nodes change, the
+    site's figures change (the mapping the estimates return is a new object: copy on write) or the ranking's
+    ``valid_until`` has passed. One per strategy instance; shared by the dynamic and the bandit allocation.
+    Call :meth:`begin` with the live nodes once per allocate call, then :meth:`get` per (site, type)."""
+
+    MAX = 10_000  # (site, type) rankings kept; all are dropped past it (sites no longer seen)
+
+    def __init__(self) -> None:
+        self._kept: dict[tuple[str, int], tuple[Any, Any, _Ranking]] = {}
+        self._signature: list[tuple[str, list[int]]] = []
+        self._typed: dict[int, _Typed] = {}
+        self._nodes: Sequence[NodeView] = ()
+
+    def begin(self, nodes: Sequence[NodeView]) -> None:
+        """The live nodes of this call: the rankings of another set of nodes (or types) are not reused."""
+        signature = [(n.id, n.types) for n in nodes]
+        if signature != self._signature:
+            self._signature, self._typed = signature, {}
+        self._nodes = nodes
+
+    def typed(self, node_type: int) -> _Typed:
+        t = self._typed.get(node_type)
+        if t is None:
+            t = self._typed[node_type] = _Typed(self._nodes, node_type)
+        return t
+
+    def get(self, site: str, node_type: int, source: Any, now: float,
+            build: Callable[[_Typed, _Ranking | None], _Ranking], cacheable: bool = True) -> _Ranking:
+        """The ranking of (site, type) built from ``source`` (the site's figures, compared by identity);
+        ``build(typed, previous)`` makes a new one, given the previous ranking when only the figures changed (to
+        update what changed only)."""
+        kept = self._kept.get((site, node_type))
+        previous = None
+        if cacheable and kept is not None and kept[0] is self._signature and now <= kept[2].valid_until:
+            if kept[1] is source:
+                return kept[2]
+            previous = kept[2]
+        if len(self._kept) > self.MAX:
+            self._kept.clear()
+        ranking = build(self.typed(node_type), previous)
+        self._kept[(site, node_type)] = (self._signature, source, ranking)
+        return ranking
 
 
 class _Site:
@@ -140,29 +197,26 @@ class _FreeList:
 class _Class:
     """Subtasks that rank nodes alike: same site and type, same nodes excluded, same product figures (most
     products have none). Within a class the greedy only ever needs its first subtask past its patience and its
-    first one within it (priority order): they beat the others on every node."""
+    first one within it (priority order): they beat the others on every node.
 
-    def __init__(self, site: _Site, excluded: set[str], overrides: dict[str, float], slow_factor: float,
+    ``others``: node -> rate for the nodes whose rate for these subtasks is not the ranking's (product figures),
+    already filtered by ``threshold``; ``skip``: nodes taken from the ranking (excluded, or in ``others``);
+    ``threshold``: the slowest seconds per page still eligible."""
+
+    def __init__(self, site: _Site, skip: set[str], others: dict[str, float], threshold: float,
                  rate_floor: float) -> None:
         r = site.ranking
-        self.site = site
-        self.skip = excluded | overrides.keys()
-        o_rates = {n: r.rate(n, spp) for n, spp in overrides.items()}
-        base_best = next((spp for spp, _, n in r.by_spp if n not in self.skip), None)
-        candidates = [*overrides.values(), *([base_best] if base_best is not None else [])]
-        self.known = bool(candidates)
+        self.site, self.skip, self.rates = site, skip, others
+        self.posts: dict[str, Any] = {}  # what the strategy keeps per node of ``others`` (the bandit: pace sums)
+        best_b = next((-negr for negr, _, n in r.under(threshold) if n not in skip), None)
+        rates = [v for v in (max(others.values(), default=None), best_b) if v is not None]
+        self.top = max(rates, default=0.0)  # the best rate among all candidates, busy ones included
+        self.known = bool(rates)
         self.queues: tuple[list[tuple[int, Subtask]], list[tuple[int, Subtask]]] = ([], [])  # (aged, fresh)
         self.heads = [0, 0]
-        if not self.known:
-            return
-        t = slow_factor * min(candidates)
-        best_o = max((v for n, v in o_rates.items() if overrides[n] <= t), default=None)
-        best_b = next((-negr for negr, _, n in r.by_rate if n not in self.skip and r.spp[n] <= t), None)
-        rates = [v for v in (best_o, best_b) if v is not None]
-        self.known = bool(rates)  # the fastest node is always eligible: empty only if rates are not numbers
-        self.floors = (0.0, rate_floor * max(rates, default=0.0))  # aged subtasks take any eligible node
-        self.free_list = site.free_list(t)
-        self.others = sorted((-v, r.index[n], n) for n, v in o_rates.items() if overrides[n] <= t)
+        self.floors = (0.0, rate_floor * self.top)  # aged subtasks take any eligible node
+        self.free_list = site.free_list(threshold)
+        self.others = sorted((-v, r.index[n], n) for n, v in others.items())
         self.i, self.j = 0, 0
 
     def best(self, aged: bool, free: dict[str, int]) -> tuple[float, int, str] | None:
@@ -190,11 +244,52 @@ class _Class:
         return q[h] if h < len(q) else None
 
 
+def greedy(classes: Iterable[_Class], free: dict[str, int]) -> list[tuple[Subtask, str]]:
+    """The greedy matching of the classes' queued subtasks to free nodes: subtasks past their patience first,
+    then the highest rate, then priority. The heap holds the best pair of each class's first aged and first
+    fresh subtask; a popped pair whose node filled up meanwhile goes back with its next best (keys only get
+    worse), so the pairs chosen are exactly those of the greedy over every (subtask, node) pair."""
+    result: list[tuple[Subtask, str]] = []
+    ready: list[tuple[bool, float, int, int, int, _Class]] = []
+    for n, cls in enumerate(classes):
+        for aged in (True, False):
+            _push(ready, cls, aged, free, n)
+    heapq.heapify(ready)
+    while ready:
+        entry = heapq.heappop(ready)
+        aged, cls, n = not entry[0], entry[5], entry[4]
+        best, head = cls.best(aged, free), cls.head(aged)
+        if best is None or head is None:
+            continue
+        if (best[0], best[1]) != (entry[1], entry[3]):
+            heapq.heappush(ready, (entry[0], best[0], head[0], best[1], n, cls))
+            continue
+        free[best[2]] -= 1
+        result.append((head[1], best[2]))
+        cls.heads[not aged] += 1
+        _push(ready, cls, aged, free, n, heap=True)
+    return result
+
+
+def _push(ready: list[tuple[bool, float, int, int, int, _Class]], cls: _Class, aged: bool, free: dict[str, int],
+          n: int, heap: bool = False) -> None:
+    head = cls.head(aged)
+    best = cls.best(aged, free) if head is not None else None
+    if head is None or best is None:
+        return
+    entry = (not aged, best[0], head[0], best[1], n, cls)
+    if heap:
+        heapq.heappush(ready, entry)
+    else:
+        ready.append(entry)
+
+
 class DynamicAllocation(Allocation):
     """The paper's allocation (see the module docstring), in time proportional to what it allocates.
 
     Work per call: each (site, node type) ranks its candidate nodes once and keeps that ranking across calls
-    until a node joins or leaves, the site's estimates change or one goes stale; subtasks that rank nodes alike
+    (:class:`Rankings`, the mechanism the bandit allocation shares) until a node joins or leaves, the site's
+    estimates change or one goes stale; subtasks that rank nodes alike
     (same site, type, avoided nodes and product figures) form one class; the greedy matching takes the best
     remaining (subtask, free node) pair from a heap holding the first subtask of each class, skipping filled
     nodes in amortized O(1). That is O(window + free slots x log), not O(window x nodes), and it chooses exactly
@@ -215,7 +310,7 @@ class DynamicAllocation(Allocation):
         self.patience = patience
         self.explore_timeout = explore_timeout
         self._exploring: dict[tuple[str, str], float] = {}  # (site, node) -> when an exploration was sent
-        self._rankings: dict[tuple[str, int], tuple[Any, Any, _Ranking]] = {}  # -> (nodes, figures, ranking)
+        self._rankings = Rankings()
 
     @classmethod
     def from_crawler(cls, crawler: Any) -> DynamicAllocation:
@@ -232,17 +327,22 @@ class DynamicAllocation(Allocation):
         spp = _spp(p)
         return c.value / max(spp, _MIN_SPP), spp
 
-    def _ranking(self, site: str, node_type: int, nodes: Sequence[NodeView], signature: Any, figures: Any,
-                 now: float) -> _Ranking:
-        site_figures = figures.site_figures(site)
-        cached = self._rankings.get((site, node_type))
-        if cached is not None and cached[0] == signature and cached[1] is site_figures \
-                and now <= cached[2].valid_until and not isinstance(figures, _PerNode):
-            return cached[2]
-        typed = [(i, n.id) for i, n in enumerate(nodes) if node_type in n.types]
-        ranking = _Ranking(self, typed, site_figures, now)
-        self._rankings[(site, node_type)] = (signature, site_figures, ranking)
-        return ranking
+    def _build(self, figures: dict[str, tuple[Estimate | None, Estimate | None]], now: float, typed: _Typed,
+               previous: _Ranking | None) -> _Ranking:
+        """A ranking of the explored nodes from the site's figures (built anew: a change to one node's figures
+        is cheap to re-rank, ``previous`` is not needed)."""
+        c: dict[str, float] = {}
+        spp: dict[str, float] = {}
+        unexplored: list[str] = []
+        valid_until = math.inf  # when the first explored estimate goes stale
+        for _, nid in typed.pairs:
+            ce, p = figures.get(nid, (None, None))
+            if ce is None or ce.runs < self.explore_runs or now - ce.last_run > self.stale_after:
+                unexplored.append(nid)
+                continue
+            c[nid], spp[nid] = ce.value, _spp(p)
+            valid_until = min(valid_until, ce.last_run + self.stale_after)
+        return _Ranking(typed, c, spp, unexplored, valid_until)
 
     def allocate(self, subtasks: Sequence[Subtask], nodes: Sequence[NodeView], estimates: Estimates,
                  now: float) -> list[tuple[Subtask, str]]:
@@ -254,9 +354,7 @@ class DynamicAllocation(Allocation):
             return []
         figures: Any = estimates if hasattr(estimates, "site_figures") and hasattr(estimates, "group_figures") \
             else _PerNode(estimates, nodes)
-        signature = [(n.id, n.types) for n in nodes]
-        if len(self._rankings) > 10_000:  # sites no longer seen
-            self._rankings.clear()
+        self._rankings.begin(nodes)
         sites: dict[tuple[str, int], _Site] = {}
         keys: dict[tuple[Any, ...], _Class] = {}
         classes: dict[tuple[Any, ...], _Class] = {}
@@ -264,7 +362,10 @@ class DynamicAllocation(Allocation):
         for order, st in enumerate(subtasks):
             site = sites.get((st.site, st.type))
             if site is None:
-                ranking = self._ranking(st.site, st.type, nodes, signature, figures, now)
+                source = figures.site_figures(st.site)
+                ranking = self._rankings.get(st.site, st.type, source, now,
+                                             functools.partial(self._build, source, now),
+                                             cacheable=not isinstance(figures, _PerNode))
                 site = sites[(st.site, st.type)] = _Site(st.site, ranking, free)
             avoided = site.ranking.ids.intersection(st.avoid)
             excluded = avoided if avoided != site.ranking.ids else set()  # none else alive: the avoided will do
@@ -284,46 +385,11 @@ class DynamicAllocation(Allocation):
                 ck = (st.site, st.type, kk[3], tuple(sorted(overrides.items())))
                 cls = classes.get(ck)
                 if cls is None:
-                    cls = classes[ck] = _Class(site, excluded, overrides, self.slow_factor, self.rate_floor)
+                    cls = classes[ck] = self._class(site, excluded, overrides)
                 keys[kk] = cls
             if cls.known:
                 cls.queues[now - st.since < self.patience].append((order, st))
-        # Greedy: subtasks past their patience first, then the highest rate, then priority. The heap holds the
-        # best pair of each class's first aged and first fresh subtask; a popped pair whose node filled up
-        # meanwhile goes back with its next best (keys only get worse), so the pairs chosen are exactly those of
-        # the greedy over every (subtask, node) pair.
-        ready: list[tuple[bool, float, int, int, int, _Class]] = []
-        for n, cls in enumerate(classes.values()):
-            for aged in (True, False):
-                self._push(ready, cls, aged, free, n)
-        heapq.heapify(ready)
-        while ready:
-            entry = heapq.heappop(ready)
-            aged, cls, n = not entry[0], entry[5], entry[4]
-            best, head = cls.best(aged, free), cls.head(aged)
-            if best is None or head is None:
-                continue
-            if (best[0], best[1]) != (entry[1], entry[3]):
-                heapq.heappush(ready, (entry[0], best[0], head[0], best[1], n, cls))
-                continue
-            free[best[2]] -= 1
-            result.append((head[1], best[2]))
-            cls.heads[not aged] += 1
-            self._push(ready, cls, aged, free, n, heap=True)
-        return result
-
-    @staticmethod
-    def _push(ready: list[tuple[bool, float, int, int, int, _Class]], cls: _Class, aged: bool,
-              free: dict[str, int], n: int, heap: bool = False) -> None:
-        head = cls.head(aged)
-        best = cls.best(aged, free) if head is not None else None
-        if head is None or best is None:
-            return
-        entry = (not aged, best[0], head[0], best[1], n, cls)
-        if heap:
-            heapq.heappush(ready, entry)
-        else:
-            ready.append(entry)
+        return result + greedy(classes.values(), free)
 
     def allocate_pairwise(self, subtasks: Sequence[Subtask], nodes: Sequence[NodeView], estimates: Estimates,
                           now: float) -> list[tuple[Subtask, str]]:
@@ -373,6 +439,17 @@ class DynamicAllocation(Allocation):
                 free[nid] -= 1
                 result.append((st, nid))
         return result
+
+    def _class(self, site: _Site, excluded: set[str], overrides: dict[str, float]) -> _Class:
+        """The class of subtasks excluding ``excluded`` whose product figures are ``overrides`` (node -> seconds
+        per page): the paper's exclusion rule sets its threshold, ``SCHEDEXT_SLOW_FACTOR`` x the fastest."""
+        r = site.ranking
+        skip = excluded | overrides.keys()
+        base_best = next((spp for spp, _, n in r.by_spp if n not in skip), None)
+        fastest = min([*overrides.values(), *([base_best] if base_best is not None else [])], default=None)
+        t = -math.inf if fastest is None else self.slow_factor * fastest
+        return _Class(site, skip, {n: r.rate(n, spp) for n, spp in overrides.items() if spp <= t}, t,
+                      self.rate_floor)
 
     def _explore(self, base: _Site, excluded: set[str], free: dict[str, int]) -> str | None:
         """The first unexplored free node of this site not yet being explored and not excluded; None if none."""

@@ -28,8 +28,11 @@ Per tick, over the window of waiting subtasks the control passes (priority order
 5. Matching: explorations, then the exploit pairs as the dynamic allocation matches them (aged subtasks first,
    then the highest expected rate, then priority).
 
-Cost per tick: for each distinct (product, site) in the window, one posterior per node with data on the site, and
-at most ``EXPLORE_SAMPLE`` draws per subtask; no (subtask x node) product.
+Cost per tick: the paper's allocation's mechanism (:class:`~scheduler_ext.strategies.allocation.Rankings`, its
+classes and greedy): each (site, node type) ranks its nodes by expected rate once and keeps the ranking across ticks,
+re-rating only the nodes whose sums changed (the sums mapping of a site is replaced on change: copy on write) and
+everything every ``half_life / 10`` (the discount); subtasks that rank nodes alike share a class; at most
+``EXPLORE_SAMPLE`` draws per subtask. O(free slots + what changed), no (subtask x node) product.
 
 Settings: ``SCHEDEXT_RATE_FLOOR``, ``SCHEDEXT_PATIENCE``, ``SCHEDEXT_EXPLORE_SHARE``, ``SCHEDEXT_ESTIMATE_HALF_LIFE``,
 ``SCHEDEXT_RECALL_THRESHOLD`` (how long an exploration counts as in flight), ``SCHEDEXT_BANDIT_SEED``.
@@ -37,14 +40,18 @@ Settings: ``SCHEDEXT_RATE_FLOOR``, ``SCHEDEXT_PATIENCE``, ``SCHEDEXT_EXPLORE_SHA
 
 from __future__ import annotations
 
+import functools
+import math
+import operator
 import random
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from ..config import config_for
 from ..models import Subtask
 from . import Allocation, Estimates, NodeView
-from .posterior import Posterior, Sums
+from .allocation import Rankings, _Class, _Ranking, _Site, _Typed, greedy
+from .posterior import Posterior, Sums, draw_rate, expected_rate
 
 #: Free candidates drawn per subtask for exploration: bounds the cost of a tick whatever the cluster's size.
 EXPLORE_SAMPLE = 8
@@ -88,6 +95,7 @@ class BanditAllocation(Allocation):
         self.rng = random.Random(seed)
         self.credit: float | None = None  # exploration budget, in runs; starts at one per node
         self._exploring: dict[tuple[str, str], float] = {}  # (site, node) -> when an exploration was sent
+        self._rankings = Rankings()  # (site, type) -> nodes ranked by expected rate, kept across ticks
         self.explored = 0  # explorations sent (for stats and tests)
         # Sums -> (prior, when, posterior): a pair's posterior changes with a new run (new sums) or the prior, and
         # with time only by the slow discount, refreshed every half_life / 10; so a tick recomputes what changed.
@@ -110,14 +118,7 @@ class BanditAllocation(Allocation):
         """
         memo = {} if memo is None else memo
         if site not in memo:
-            sums = site_sums(estimates, site, nodes)
-            theta0, rho0 = 0.5, 1.0
-            if sums:
-                # The prior of an untried pair: as good as the best seen on the site (optimism under uncertainty).
-                theta0 = max((s.got + 0.5) / (s.pages + 1.0) for s in sums.values())
-                rho0 = max(((s.pages + 1.0) / (s.sec + 1.0) for s in sums.values() if s.sec > 0), default=1.0)
-            memo[site] = ({nid: self._posterior(s, now, theta0, rho0) for nid, s in sums.items()},
-                          Posterior.prior(theta0, rho0))
+            memo[site] = self._site_posteriors(site_sums(estimates, site, nodes), now)
         posts, prior = memo[site]
         per_group = group_sums(estimates, group, site) if posts else {}
         if not per_group:
@@ -131,6 +132,21 @@ class BanditAllocation(Allocation):
                                             pace=pace)
         return refined, prior
 
+    @staticmethod
+    def _prior(sums: Mapping[str, Sums]) -> tuple[float, float]:
+        """(share, pace) of the prior of an untried pair on a site with these sums: as good as the best seen on
+        the site (optimism under uncertainty); (0.5, 1.0) on a site nobody ran."""
+        if not sums:
+            return 0.5, 1.0
+        return (max((s.got + 0.5) / (s.pages + 1.0) for s in sums.values()),
+                max(((s.pages + 1.0) / (s.sec + 1.0) for s in sums.values() if s.sec > 0), default=1.0))
+
+    def _site_posteriors(self, sums: Mapping[str, Sums], now: float) -> tuple[dict[str, Posterior], Posterior]:
+        """Node -> posterior on a site from the site's sums, and the prior of an untried node there."""
+        theta0, rho0 = self._prior(sums)
+        return ({nid: self._posterior(s, now, theta0, rho0) for nid, s in sums.items()},
+                Posterior.prior(theta0, rho0))
+
     def _posterior(self, sums: Sums, now: float, theta0: float, rho0: float) -> Posterior:
         hit = self._cache.get(id(sums))
         if hit is not None and hit[0] is sums and hit[1] == theta0 and hit[2] == rho0 \
@@ -140,73 +156,152 @@ class BanditAllocation(Allocation):
         self._cache[id(sums)] = (sums, theta0, rho0, now, post)
         return post
 
+    def _ranking(self, sums: Mapping[str, Sums], now: float, typed: _Typed,
+                 previous: _Ranking | None) -> _Ranking:
+        """The site's nodes of one type ranked by expected rate (the ranking's ``c``; seconds per page 1), with
+        the site's sums and prior as its ``data``; valid while the posteriors' cache is (``half_life / 10``).
+
+        From ``previous`` (the same nodes, still valid, older sums): if the prior did not move, only the nodes
+        whose sums changed are rated again (at ``previous``'s time, whose validity the ranking keeps)."""
+        theta0, rho0 = self._prior(sums)
+        half_life = self.half_life
+        if previous is not None and previous.data[1:3] == (theta0, rho0):
+            old, valid_until, now = previous.data[0], previous.valid_until, previous.data[3]
+            c = dict(previous.c)
+            for nid in old.keys() - sums.keys():
+                c.pop(nid, None)
+            index = typed.index
+            for nid, new in sums.items():
+                if old.get(nid) is not new and nid in index:
+                    c[nid] = expected_rate(new, now=now, half_life=half_life, theta0=theta0, rho0=rho0)
+        else:
+            valid_until = now + half_life / 10
+            index = typed.index
+            c = {nid: expected_rate(s, now=now, half_life=half_life, theta0=theta0, rho0=rho0)
+                 for nid, s in sums.items() if nid in index}
+        return _Ranking(typed, c, dict.fromkeys(c, 1.0), [], valid_until,
+                        (sums, theta0, rho0, now, Posterior.prior(theta0, rho0)))
+
     def allocate(self, subtasks: Sequence[Subtask], nodes: Sequence[NodeView], estimates: Estimates,
                  now: float) -> list[tuple[Subtask, str]]:
         if len(self._cache) > 65536:  # entries of sums replaced since: drop them all now and then
             self._cache.clear()
-        free = {n.id: n.free for n in nodes if n.free > 0}
-        if not free or not subtasks:
+        free = {n.id: max(0, n.free) for n in nodes}
+        if not any(free.values()) or not subtasks:
             return []
         if self.credit is None:
             self.credit = float(len(nodes))
         self._exploring = {k: t for k, t in self._exploring.items() if now - t < self.explore_timeout}
-        types_of = {n.id: n.types for n in nodes}
-        by_type: dict[int, list[str]] = {}
+        free_by_type: dict[int, list[str]] = {}
         for n in nodes:
             for t in n.types:
-                by_type.setdefault(t, []).append(n.id)
-        free_by_type = {t: [nid for nid in ids if nid in free] for t, ids in by_type.items()}
-        site_memo: dict[Any, tuple[dict[str, Posterior], Posterior]] = {}
-        idle: dict[str, float] = {}  # free node -> its best expected rate on the window's sites
-        memo: dict[tuple[Any, ...], tuple[dict[str, float], dict[str, Posterior], Posterior, bool]] = {}
-        for st in subtasks:
-            key = (st.group, st.site, st.type, tuple(st.avoid))
-            typed = by_type.get(st.type)
-            if typed and key not in memo:
-                posts, prior = self.posteriors(st.group, st.site, estimates, now, site_memo, typed)
-                avoid = set(st.avoid)
-                honour = bool(avoid) and any(nid not in avoid for nid in typed)
-                known = {nid: p.mean for nid, p in posts.items()
-                         if st.type in types_of.get(nid, ()) and not (honour and nid in avoid)}
-                memo[key] = known, posts, prior, honour
-                for nid, m in known.items():
-                    if nid in free and m > idle.get(nid, 0.0):
-                        idle[nid] = m
-        explore: list[tuple[float, int, bool, Subtask, str]] = []
-        pairs: list[tuple[bool, float, int, Subtask, str]] = []
+                free_by_type.setdefault(t, [])
+                if free[n.id] > 0:
+                    free_by_type[t].append(n.id)
+        self._rankings.begin(nodes)
+        cacheable = hasattr(estimates, "site_sums")  # sums made from the paper's estimates are new every call
+        sites: dict[tuple[str, int], _Site] = {}
+        keys: dict[tuple[Any, ...], _Class] = {}
+        classes: dict[tuple[Any, ...], _Class] = {}
+        window: list[tuple[int, Subtask, _Class]] = []
         for order, st in enumerate(subtasks):
-            key = (st.group, st.site, st.type, tuple(st.avoid))
-            if key not in memo:
-                continue
-            known, posts, prior, honour = memo[key]
-            best = max(known.values(), default=0.0)
-            aged = now - st.since >= self.patience
-            floor = 0.0 if aged else self.rate_floor * best
-            for nid, m in known.items():
-                if nid in free and m >= floor and (m > 0 or aged):
-                    pairs.append((aged, m, order, st, nid))
-            # Exploration: a few free candidates, each a Thompson draw. A run can change a decision if the draw
-            # beats the best expected rate on the site; for a node with nothing as good to do on the window's
-            # sites (its best is below the site's floor), if the draw would make it eligible here.
-            cands = free_by_type.get(st.type, [])
-            pool = cands if len(cands) <= EXPLORE_SAMPLE else self.rng.sample(cands, EXPLORE_SAMPLE)
-            for nid in pool:
-                if (honour and nid in st.avoid) or (st.site, nid) in self._exploring \
-                        or (nid in known and known[nid] >= floor and known[nid] > 0):
-                    continue
-                draw = posts.get(nid, prior).sample(self.rng)
-                bar = best if idle.get(nid, 0.0) >= self.rate_floor * best else self.rate_floor * best
-                if draw > bar:
-                    explore.append((draw / best if best > 0 else float("inf"), order, best <= 0, st, nid))
-        return self._match(explore, pairs, free, now, len(nodes))
+            if st.type not in free_by_type:
+                continue  # no live node of its type
+            site = sites.get((st.site, st.type))
+            if site is None:
+                typed = self._rankings.typed(st.type)
+                source = site_sums(estimates, st.site, [nid for _, nid in typed.pairs] if not cacheable else ())
+                ranking = self._rankings.get(st.site, st.type, source, now,
+                                             functools.partial(self._ranking, source, now), cacheable)
+                site = sites[(st.site, st.type)] = _Site(st.site, ranking, free)
+            avoided = site.ranking.ids.intersection(st.avoid)
+            excluded = avoided if avoided != site.ranking.ids else set()  # none else alive: the avoided will do
+            kk = (st.group, st.site, st.type, frozenset(excluded))
+            cls = keys.get(kk)
+            if cls is None:
+                cls = keys[kk] = self._class(site, st.group, excluded, estimates, now, classes)
+            window.append((order, st, cls))
+            if cls.known:
+                cls.queues[now - st.since < self.patience].append((order, st))
+        # Exploration: a few free candidates per subtask, each a Thompson draw. A run can change a decision if the
+        # draw beats the best expected rate on the site; for a node with nothing as good to do on the window's
+        # sites (its best is below the site's floor), if the draw would make it eligible here.
+        overridden: dict[str, float] = {}  # node -> its best product-specific rate among the window's classes
+        for cls in classes.values():
+            for nid, m in cls.rates.items():
+                overridden[nid] = max(m, overridden.get(nid, 0.0))
+        tops = sorted(((-r.by_rate[0][0], i, r) for i, r in enumerate(s.ranking for s in sites.values())
+                       if r.by_rate), reverse=True)
 
-    def _match(self, explore: list[tuple[float, int, bool, Subtask, str]],
-               pairs: list[tuple[bool, float, int, Subtask, str]], free: dict[str, int],
-               now: float, cluster: int) -> list[tuple[Subtask, str]]:
+        def busy(nid: str, rate: float) -> bool:
+            """True if ``nid`` has an expected rate of at least ``rate`` on one of the window's sites (classes)."""
+            if overridden.get(nid, 0.0) >= rate:
+                return True
+            for top, _, r in tops:  # best site first: stop at the first whose best node is below ``rate``
+                if top < rate:
+                    return False
+                if r.c.get(nid, 0.0) >= rate:
+                    return True
+            return False
+
+        explore: list[tuple[float, int, bool, Subtask, str]] = []
+        exploring = self._exploring
+        for order, st, cls in window:
+            best = cls.top
+            floor = self.rate_floor * best
+            if now - st.since >= self.patience:
+                floor = 0.0
+            cands = free_by_type[st.type]
+            pool = cands if len(cands) <= EXPLORE_SAMPLE else self.rng.sample(cands, EXPLORE_SAMPLE)
+            sums, theta0, rho0, _, prior = cls.site.ranking.data
+            rates, skip, site_rates = cls.rates, cls.skip, cls.site.ranking.c
+            for nid in pool:
+                if nid in rates:
+                    known: float | None = rates[nid]
+                elif nid in skip:
+                    continue  # avoided (or too slow: never for the bandit)
+                else:
+                    known = site_rates.get(nid)
+                if known is not None and known >= floor and known > 0 or (st.site, nid) in exploring:
+                    continue  # exploiting it would do, or it is being explored
+                s = sums.get(nid)
+                draw = prior.sample(self.rng) if s is None else draw_rate(
+                    self.rng, s, now=now, half_life=self.half_life, theta0=theta0, rho0=rho0, pace=cls.posts.get(nid))
+                if draw <= self.rate_floor * best:
+                    continue
+                if draw <= best and busy(nid, self.rate_floor * best):
+                    continue  # worth it only for a node with nothing as good to do on the window's sites
+                explore.append((-draw / best if best > 0 else -math.inf, order, best <= 0, st, nid))
+        return self._match(explore, classes.values(), free, now, len(nodes))
+
+    def _class(self, site: _Site, group: str, excluded: set[str], estimates: Estimates, now: float,
+               classes: dict[tuple[Any, ...], _Class]) -> _Class:
+        """The class of ``group``'s subtasks on the site excluding ``excluded``: a node that ran this product
+        there is rated with the pace of those runs (a refined posterior), every other from the site's ranking."""
+        sums, theta0, rho0, _, _ = site.ranking.data
+        per_group = group_sums(estimates, group, site.site) if sums else {}
+        if not per_group:  # most products: the site's class
+            ck: tuple[Any, ...] = (id(site), frozenset(excluded))
+            cls = classes.get(ck)
+            if cls is None:
+                cls = classes[ck] = _Class(site, excluded, {}, math.inf, self.rate_floor)
+            return cls
+        paces = {nid: pace for nid, pace in per_group.items() if nid in site.ranking.c and nid not in excluded}
+        rates = {nid: expected_rate(sums[nid], now=now, half_life=self.half_life, theta0=theta0, rho0=rho0,
+                                    pace=pace) for nid, pace in paces.items()}
+        ck = (id(site), frozenset(excluded), *sorted(rates.items()))
+        cls = classes.get(ck)
+        if cls is None:
+            cls = classes[ck] = _Class(site, excluded | rates.keys(), rates, math.inf, self.rate_floor)
+            cls.posts = paces
+        return cls
+
+    def _match(self, explore: list[tuple[float, int, bool, Subtask, str]], classes: Iterable[_Class],
+               free: dict[str, int], now: float, cluster: int) -> list[tuple[Subtask, str]]:
         assigned: set[str] = set()
         result: list[tuple[Subtask, str]] = []
         assert self.credit is not None
-        explore.sort(key=lambda e: (-e[0], e[1]))
+        explore.sort(key=operator.itemgetter(0, 1))  # highest draw / best first, then priority
         for _, _, needed, st, nid in explore:
             if st.id in assigned or free.get(nid, 0) <= 0 or (st.site, nid) in self._exploring:
                 continue
@@ -219,14 +314,11 @@ class BanditAllocation(Allocation):
             assigned.add(st.id)
             free[nid] -= 1
             result.append((st, nid))
-        exploited = 0
-        for _, _, _, st, nid in sorted(pairs, key=lambda p: (not p[0], -p[1], p[2])):
-            if st.id not in assigned and free.get(nid, 0) > 0:
-                assigned.add(st.id)
-                free[nid] -= 1
-                result.append((st, nid))
-                exploited += 1
+        if assigned:  # the explored subtasks leave the exploit queues
+            for cls in classes:
+                for q in cls.queues:
+                    q[:] = [e for e in q if e[1].id not in assigned]
+        exploited = greedy(classes, free)
         # The budget refills with the assignments made and never banks more than a round of the cluster's nodes.
-        self.credit = min(self.credit + self.explore_share * exploited, 1.0 + self.explore_share * cluster)
-        return result
-
+        self.credit = min(self.credit + self.explore_share * len(exploited), 1.0 + self.explore_share * cluster)
+        return result + exploited
