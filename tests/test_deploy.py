@@ -112,7 +112,7 @@ def test_cluster_deploy_up_status_down_on_scrapyd(cluster: LocalCluster, scrapyd
 
     deployed = run_scrapy(["cluster", "deploy"], env)
     assert deployed.returncode == 0, deployed.stderr
-    assert "deployed product_crawl version" in deployed.stdout and "2 spiders" in deployed.stdout
+    assert "deployed product_crawl version" in deployed.stdout and "3 spiders" in deployed.stdout  # search, control, redis_search
 
     cluster.start_simweb(FAST_PROFILE)
     cluster.settings.update(CONCURRENT_REQUESTS_PER_DOMAIN=1, DOWNLOAD_DELAY=1)
