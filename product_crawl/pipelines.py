@@ -2,7 +2,8 @@
 
 Settings: ``MONGO_URI`` (default mongodb://127.0.0.1:27017), ``MONGO_DATABASE``, ``PC_MONGO_COLLECTION``,
 ``PC_MONGO_BATCH_SIZE`` (items per bulk write), ``PC_MONGO_BATCH_DELAY`` (seconds an item may wait for its batch),
-``PC_MONGO_TIMEOUT`` (seconds before an unanswered write counts as failed).
+``PC_MONGO_TIMEOUT`` (seconds before an unanswered write counts as failed), ``PC_MONGO_OUTAGE`` (seconds a batch
+is retried while MongoDB cannot be reached at all, before its items fail; 0 = no retry).
 
 Each item is upserted on ``_id = "<fingerprint>:<product>"``, ``fingerprint`` being the SHA-1 of the canonical URL:
 the same result crawled again (a recalled subtask, another node) updates ``last_crawled_at`` and is never stored
@@ -11,7 +12,10 @@ an update filtered on other fields, which made storage the bottleneck of a whole
 
 ``process_item`` awaits the bulk write that holds its item, so ``item_scraped`` means "acknowledged by MongoDB"
 and the node finishes a subtask only after its items are stored. A write error raises, the item ends in
-``item_error`` and its subtask fails (and is recalled): nothing is dropped silently.
+``item_error`` and its subtask fails (and is recalled): nothing is dropped silently. A MongoDB that cannot be
+reached (down, restarting, failing over) is not the subtask's fault: the batch is written again, with backoff, for
+up to ``PC_MONGO_OUTAGE`` seconds (upserts by ``_id`` make a repeated write harmless), so that an outage shorter than
+that costs a pause, not failed subtasks that would count towards the dead-letter list.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ from typing import Any
 
 import pymongo
 from itemadapter import ItemAdapter
-from pymongo.errors import BulkWriteError, PyMongoError
+from pymongo.errors import BulkWriteError, ConnectionFailure, PyMongoError
 from scrapy.exceptions import NotConfigured
 from scrapy.utils.defer import deferred_to_future
 from twisted.internet import defer, reactor, threads
@@ -44,11 +48,15 @@ class StorageError(RuntimeError):
     """Raised if MongoDB did not acknowledge a batch of items."""
 
 
+class StorageUnreachable(StorageError):
+    """Raised if MongoDB could not be reached at all for a batch (worth writing again later)."""
+
+
 class MongoPipeline:
     def __init__(self, uri: str, database: str, collection: str, batch_size: int = 100,
-                 batch_delay: float = 0.2, timeout: float = 10.0) -> None:
+                 batch_delay: float = 0.2, timeout: float = 10.0, outage: float = 60.0) -> None:
         self.uri, self.database_name, self.collection_name = uri, database, collection
-        self.timeout = timeout
+        self.timeout, self.outage = timeout, outage
         self.batch_size, self.batch_delay = batch_size, batch_delay
         self.client: Any = None
         self.collection: Any = None
@@ -63,7 +71,8 @@ class MongoPipeline:
             raise NotConfigured("PC_MONGO_ENABLED is off")
         return cls(s.get("MONGO_URI") or DEFAULT_MONGO_URI, s.get("MONGO_DATABASE") or "product_crawl",
                    s.get("PC_MONGO_COLLECTION") or "items", s.getint("PC_MONGO_BATCH_SIZE", 100),
-                   s.getfloat("PC_MONGO_BATCH_DELAY", 0.2), s.getfloat("PC_MONGO_TIMEOUT", 10.0))
+                   s.getfloat("PC_MONGO_BATCH_DELAY", 0.2), s.getfloat("PC_MONGO_TIMEOUT", 10.0),
+                   s.getfloat("PC_MONGO_OUTAGE", 60.0))
 
     async def open_spider(self) -> None:
         ms = int(self.timeout * 1000)
@@ -105,19 +114,37 @@ class MongoPipeline:
         self._timer = None
         batch, waiters = self._batch, self._waiters
         self._batch, self._waiters = [], []
+        return self._store(batch, waiters, time.monotonic(), 0.5)
+
+    def _store(self, batch: list[tuple[dict[str, Any], dict[str, Any]]], waiters: list[defer.Deferred[None]],
+               since: float, delay: float) -> defer.Deferred[None]:
+        """Write a batch; while MongoDB cannot be reached, again after ``delay`` (doubling, at most 5 s) until
+        ``PC_MONGO_OUTAGE`` seconds have passed since the first attempt. Fires once the waiters have their answer."""
+        done: defer.Deferred[None] = defer.Deferred()
         d = threads.deferToThread(self._write, batch)
 
         def stored(_: Any) -> None:
             for w in waiters:
                 w.callback(None)
+            done.callback(None)
 
         def failed(failure: Any) -> None:
+            if failure.check(StorageUnreachable) and time.monotonic() - since + delay < self.outage:
+                if delay == 0.5:  # once per batch, not per attempt
+                    logger.warning("MongoDB unreachable; %d items wait, written again for up to %.0f s",
+                                   len(batch), self.outage)
+                reactor.callLater(delay, retry)
+                return
             logger.error("MongoDB write failed: %s", failure.getErrorMessage())
             for w in waiters:
                 w.errback(failure)
+            done.callback(None)
+
+        def retry() -> None:
+            self._store(batch, waiters, since, min(2 * delay, 5.0)).chainDeferred(done)
 
         d.addCallbacks(stored, failed)
-        return d
+        return done
 
     def _write(self, batch: list[tuple[dict[str, Any], dict[str, Any]]]) -> int:
         """One unordered bulk upsert (in a worker thread). A duplicate-key race between two nodes inserting the same
@@ -134,6 +161,8 @@ class MongoPipeline:
                     continue
                 raise StorageError(f"MongoDB refused {len(errors)} of {len(ops)} items: "
                                    f"{errors[0].get('errmsg') if errors else exc}") from exc
+            except ConnectionFailure as exc:  # not reachable (down, restarting, no primary): try again later
+                raise StorageUnreachable(f"MongoDB write of {len(ops)} items failed: {exc}") from exc
             except PyMongoError as exc:
                 raise StorageError(f"MongoDB write of {len(ops)} items failed: {exc}") from exc
         return 0

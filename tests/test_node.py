@@ -159,7 +159,7 @@ def test_mongodb_write_error_fails_the_subtask_and_drops_nothing_silently(cluste
     mongo = services.start_mongo_server(port, tmp_path / "private-mongo")
     cluster.start_simweb(FAST_PROFILE)
     push(cluster, "node1", subtask("m1", site="slow.example", pages=5).to_json())
-    cluster.start_node(NodeSpec("node1", "127.0.0.2"), CONCURRENT_REQUESTS=1, PC_MONGO_TIMEOUT=1,
+    cluster.start_node(NodeSpec("node1", "127.0.0.2"), CONCURRENT_REQUESTS=1, PC_MONGO_TIMEOUT=1, PC_MONGO_OUTAGE=2,
                        MONGO_URI=f"mongodb://127.0.0.1:{port}")
     keys = cluster.store.keys
     assert cluster.wait_for(lambda: cluster.redis.zscore(keys.leases, "m1") is not None, 60)
