@@ -114,7 +114,7 @@ def best_possible(opts: Options, totals: dict[str, dict[str, int]], model: NodeM
     nodes = [SimNode(n.id, tuple(int(t) for t in str(n.types).split(",")), address=n.address) for n in opts.nodes]
     work = {site: SiteWork(0, sum(1 for p in totals if site in totals[p]),
                            sum(totals[p].get(site, 0) for p in totals)) for site in opts.sites}
-    model = model or NodeModel()
+    model = model or bound_module.OPTIMISTIC
     bound = bound_module.best_possible(world, nodes, work, opts.duration, model)
     bound.pop("assignments")
     return {**bound, "model": {"page_cpu": model.page_cpu, "item_cpu": model.item_cpu,

@@ -15,18 +15,18 @@ successive shortest augmenting paths (a min-cost flow), which costs little when,
 not bind (each node then takes its best site at once).
 
 ``r[n,s]`` is the results a node collects per second on site ``s`` crawling nothing else, from the node's machinery
-(:class:`~scheduler_ext.sim.engine.NodeModel`) and the site's behaviour. A node holds many subtasks at once and
-overlaps their overheads with other subtasks' pages, so its limits are its page slots and its CPU: per page
-requested it collects ``served x share x PAGE_SIZE`` results, and it requests pages at most
+(:class:`~scheduler_ext.sim.engine.NodeModel`, by default :data:`OPTIMISTIC`) and the site's behaviour. A node holds
+many subtasks at once and overlaps their overheads with other subtasks' pages, so its limits are its page slots and
+its CPU: per page requested it collects ``served x share x PAGE_SIZE`` results, and it requests pages at most
 ``min(concurrency / latency, 1 / (served x page_cpu + results per page x item_cpu))`` a second. No overhead is
-charged. One task can fill a node's slots when a subtask may hold ``concurrency`` pages or more, so a site's
-``T_s`` limit in whole nodes is optimistic too. The bound ignores every cost a real schedule cannot avoid and the
-bound need not count: overheads, learning, waiting for a report before a task's next subtask, pages re-crawled
-after a failure, the end of a task's results. The total is also capped by the results the tasks hold.
+charged. A task is crawled by one node at a time, so a site's ``T_s`` limit in whole nodes is optimistic too. The
+bound ignores every cost a real schedule cannot avoid and the bound need not count: overheads, learning, waiting for
+a report before a task's next subtask, pages re-crawled after a failure, the end of a task's results, other
+processes on the machine. The total is also capped by the results the tasks hold.
 
 One caveat: the capacity ``sum_s x[n,s] <= 1`` charges a node the larger of its two limits on each site, so a node
 splitting its time between a site where the CPU binds (latency under ``concurrency x page_cpu``) and one where the
-network binds could in principle beat it. With this machine's numbers the CPU binds only below 0.12 s of latency.
+network binds could in principle beat it. With :data:`OPTIMISTIC` the CPU binds only below 0.056 s of latency.
 """
 
 from __future__ import annotations
@@ -37,6 +37,10 @@ from dataclasses import dataclass
 
 from .engine import NodeModel, SimNode
 from .world import PAGE_SIZE, Behaviour, World
+
+#: The bound's machinery: a node alone on a core of this machine (benchmarks/results/bench_node.json: 7 ms of node CPU
+#: per page of 10 results, items stored included), faster than any node of a real cluster sharing the machine.
+OPTIMISTIC = NodeModel(page_cpu=0.007, item_cpu=0.0)
 
 
 @dataclass(frozen=True)
@@ -133,7 +137,7 @@ def best_possible(world: World, nodes: Sequence[SimNode], work: Mapping[str, Sit
                   model: NodeModel | None = None) -> dict[str, object]:
     """The bound: ``{"items", "phases": [[start, end, results per second], ...], "assignments": [{node: site}, ...]}``
     (see the module doc); ``assignments`` gives, per phase, the site each node crawls in the best schedule."""
-    model = model or NodeModel()
+    model = model or OPTIMISTIC
     total = 0.0
     out = []
     chosen_per_phase = []

@@ -78,7 +78,9 @@ class NodeModel:
     concurrency: int = 8  # a node's pages in flight at once, all its subtasks together (CONCURRENT_REQUESTS_PER_DOMAIN)
     requests: int = 16  # subtasks a node holds at once (CONCURRENT_REQUESTS); sizes the adaptive prefetch too
     overhead: float = 0.2  # seconds per subtask: take, first request, finish script, report (overlapped)
-    page_cpu: float = 0.015  # node seconds per page served (parse)
+    # node seconds per page served: its parse, and its share of a 2-core machine that it shares with the other nodes,
+    # the web, MongoDB and the control (fitted to a real run: docs/strategies.md; alone, a node needs 0.007 s)
+    page_cpu: float = 0.035
     item_cpu: float = 0.002  # node seconds per item stored
     refill_interval: float = 0.5  # seconds between an idle node's polls of its crawl queue
 
