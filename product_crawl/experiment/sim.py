@@ -109,16 +109,13 @@ def simulate_configuration(name: str, opts: Options, *, model: NodeModel | None 
 def best_possible(opts: Options, totals: dict[str, dict[str, int]], model: NodeModel | None = None
                   ) -> dict[str, Any]:
     """The best possible unique items of a run of ``opts`` (:func:`scheduler_ext.sim.bound.best_possible`): the
-    profile's true rates over time, the experiment's nodes and tasks, subtasks of PAGE_LIMIT_MIN..MAX pages."""
-    settings = {**CLUSTER_SETTINGS, **opts.overrides}
-    config = Config.from_settings(settings)
+    profile's true rates over time, the experiment's nodes and tasks."""
     world = ProfileWorld(opts.profile, {n.id: n.address for n in opts.nodes})
     nodes = [SimNode(n.id, tuple(int(t) for t in str(n.types).split(",")), address=n.address) for n in opts.nodes]
     work = {site: SiteWork(0, sum(1 for p in totals if site in totals[p]),
                            sum(totals[p].get(site, 0) for p in totals)) for site in opts.sites}
-    model = model or NodeModel()
-    bound = bound_module.best_possible(world, nodes, work, opts.duration, model,
-                                       range(config.page_limit_min, config.page_limit_max + 1))
+    model = model or bound_module.OPTIMISTIC
+    bound = bound_module.best_possible(world, nodes, work, opts.duration, model)
     bound.pop("assignments")
-    return {**bound, "model": {"overhead": model.overhead, "page_cpu": model.page_cpu, "item_cpu": model.item_cpu,
+    return {**bound, "model": {"page_cpu": model.page_cpu, "item_cpu": model.item_cpu,
                                "concurrency": model.concurrency}}

@@ -5,7 +5,7 @@ constant, so the best schedule of that phase is a static assignment of node time
 over phases of ``(phase length) x (value of the best assignment)``:
 
     maximize    sum_{n,s} r[n,s] x[n,s]
-    subject to  sum_s x[n,s] <= 1           a node's time (one subtask at a time)
+    subject to  sum_s x[n,s] <= 1           a node's capacity (its page slots and its CPU)
                 sum_n x[n,s] <= T_s         a site has T_s tasks, each crawled by one node at a time
                 x >= 0, x[n,s] = 0 unless node n serves the type of site s's tasks
 
@@ -15,22 +15,32 @@ successive shortest augmenting paths (a min-cost flow), which costs little when,
 not bind (each node then takes its best site at once).
 
 ``r[n,s]`` is the results a node collects per second on site ``s`` crawling nothing else, from the node's machinery
-(:class:`~scheduler_ext.sim.engine.NodeModel`) and the site's behaviour, at the best subtask size in
-``page_limits`` (larger subtasks spread the per-subtask overhead over more pages): expected results
-``P x served x share x PAGE_SIZE`` over ``overhead + max(ceil(P / concurrency) x latency, CPU time)``. It ignores
-every cost a real schedule cannot avoid and the bound need not count: learning, waiting for a report before a task's
-next subtask, pages re-crawled after a failure, the end of a task's results. The total is also capped by the results
-the tasks hold. So no schedule of the same machinery collects more.
+(:class:`~scheduler_ext.sim.engine.NodeModel`, by default :data:`OPTIMISTIC`) and the site's behaviour. A node holds
+many subtasks at once and overlaps their overheads with other subtasks' pages, so its limits are its page slots and
+its CPU: per page requested it collects ``served x share x PAGE_SIZE`` results, and it requests pages at most
+``min(concurrency / latency, 1 / (served x page_cpu + results per page x item_cpu))`` a second. No overhead is
+charged. A task is crawled by one node at a time, so a site's ``T_s`` limit in whole nodes is optimistic too. The
+bound ignores every cost a real schedule cannot avoid and the bound need not count: overheads, learning, waiting for
+a report before a task's next subtask, pages re-crawled after a failure, the end of a task's results, other
+processes on the machine. The total is also capped by the results the tasks hold.
+
+One caveat: the capacity ``sum_s x[n,s] <= 1`` charges a node the larger of its two limits on each site, so a node
+splitting its time between a site where the CPU binds (latency under ``concurrency x page_cpu``) and one where the
+network binds could in principle beat it. With :data:`OPTIMISTIC` the CPU binds only below 0.056 s of latency.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from .engine import NodeModel, SimNode
 from .world import PAGE_SIZE, Behaviour, World
+
+#: The bound's machinery: a node alone on a core of this machine (benchmarks/results/bench_node.json: 7 ms of node CPU
+#: per page of 10 results, items stored included), faster than any node of a real cluster sharing the machine.
+OPTIMISTIC = NodeModel(page_cpu=0.007, item_cpu=0.0)
 
 
 @dataclass(frozen=True)
@@ -42,21 +52,17 @@ class SiteWork:
     results: int
 
 
-def node_rate(b: Behaviour, model: NodeModel, page_limits: Iterable[int] = range(1, 21)) -> float:
-    """Results per second of a node crawling only this site, at the best subtask size (see the module doc).
+def node_rate(b: Behaviour, model: NodeModel) -> float:
+    """Results per second of a node crawling only this site (see the module doc).
 
-    >>> round(node_rate(Behaviour(share=1.0, latency=0.1), NodeModel(overhead=0.2, page_cpu=0.0, item_cpu=0.0),
-    ...                 [8]), 1)
-    266.7
+    >>> round(node_rate(Behaviour(share=1.0, latency=0.1), NodeModel(page_cpu=0.0, item_cpu=0.0)), 1)
+    800.0
+    >>> round(node_rate(Behaviour(share=1.0, latency=0.1), NodeModel(page_cpu=0.02, item_cpu=0.0)), 1)
+    500.0
     """
-    served = b.served
-    best = 0.0
-    for p in page_limits:
-        items = p * served * b.share * PAGE_SIZE
-        cpu = p * served * model.page_cpu + items * model.item_cpu
-        network = math.ceil(p / max(1, model.concurrency)) * b.latency
-        best = max(best, items / (model.overhead + max(network, cpu)))
-    return best
+    items = b.served * b.share * PAGE_SIZE  # per page requested
+    seconds = max(b.latency / max(1, model.concurrency), b.served * model.page_cpu + items * model.item_cpu)
+    return items / seconds if seconds > 0 else 0.0
 
 
 def assign(rates: Mapping[str, Mapping[str, float]], caps: Mapping[str, int]) -> tuple[float, dict[str, str]]:
@@ -128,18 +134,17 @@ def phases(world: World, nodes: Sequence[SimNode], duration: float) -> list[tupl
 
 
 def best_possible(world: World, nodes: Sequence[SimNode], work: Mapping[str, SiteWork], duration: float,
-                  model: NodeModel | None = None, page_limits: Iterable[int] = range(1, 21)) -> dict[str, object]:
+                  model: NodeModel | None = None) -> dict[str, object]:
     """The bound: ``{"items", "phases": [[start, end, results per second], ...], "assignments": [{node: site}, ...]}``
     (see the module doc); ``assignments`` gives, per phase, the site each node crawls in the best schedule."""
-    model = model or NodeModel()
-    limits = list(page_limits)
+    model = model or OPTIMISTIC
     total = 0.0
     out = []
     chosen_per_phase = []
     for a, b in phases(world, nodes, duration):
         live = [n for n in nodes if n.joins <= a < n.leaves]
         rates = {n.id: {s: r for s, w in work.items() if w.type in n.types and w.tasks > 0
-                        and (r := node_rate(world.behaviour(n.id, s, a), model, limits)) > 0} for n in live}
+                        and (r := node_rate(world.behaviour(n.id, s, a), model)) > 0} for n in live}
         value, chosen = assign(rates, {s: w.tasks for s, w in work.items()})
         total += value * (b - a)
         out.append([a, b, round(value, 3)])

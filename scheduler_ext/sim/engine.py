@@ -13,12 +13,18 @@ What is simulated, and how (docs/strategies.md, "The simulator", gives the calib
   waiting subtasks), calls :func:`scheduler_ext.control.decide` with the strategies, and applies the decisions'
   writes to its state. Modification, recall and allocation are therefore decided by the same code as in a real
   cluster; only reading and applying are the simulator's.
-* **A node** takes the next subtask of its crawl queue when it is idle (at once after a finish, else at its next
-  refill poll). Its pages run ``concurrency`` at a time; each page waits its latency, then is an HTTP error, a captcha
-  or a page that serves each of its results with probability ``share``. The first failed page ends the subtask
-  (pages not yet started are dropped, as the node's middleware drops them); the time limit drops the pages it cuts.
-  The subtask lasts ``overhead`` plus the longer of the network time and the node's CPU time (``page_cpu`` per page,
-  ``item_cpu`` per item stored).
+* **A node** (the real node's ``Pace``, docs/node.md) holds up to ``requests`` subtasks at once and takes the next
+  subtask of its crawl queue whenever it has room: fewer than ``concurrency`` of its pages wait to start (at once
+  after a finish or when a page starts, else at its next refill poll). The pages of all its subtasks share its
+  ``concurrency`` page slots, first taken first served, and its CPU (``page_cpu`` per page served, ``item_cpu`` per
+  item stored: a page starts no sooner than the CPU has finished the pages before it). Each page waits its latency,
+  then is an HTTP error, a captcha or a page that serves each of its results with probability ``share``. The first
+  failed page ends the subtask (pages not yet started are dropped, as the node's middleware drops them); the time
+  limit drops the pages it cuts. A subtask's ``overhead`` (take and finish round trips) delays its first page by
+  half and its report by half, but holds no page slot: other subtasks' pages run meanwhile.
+* **Prefetch.** A node with a fixed ``prefetch`` advertises it; else the adaptive one of the real node: it starts at
+  ``ceil(requests / page_limit) + 1``, follows about two ticks of the node's take rate, doubles when the node is busy
+  and its queue ran dry, and stays within ``4 x requests``.
 * **Estimates** are updated at each finish exactly as ``lua/finish.lua`` updates them
   (:class:`~scheduler_ext.sim.estimates.MemoryEstimates`).
 
@@ -59,7 +65,7 @@ class SimNode:
 
     id: str
     types: tuple[int, ...] = (0,)
-    prefetch: int = 1
+    prefetch: int | None = None  # None: adaptive, as the real node's (the module doc)
     joins: float = 0.0
     leaves: float = math.inf
     address: str | None = None
@@ -69,9 +75,12 @@ class SimNode:
 class NodeModel:
     """The costs of a node's machinery (calibrated against real runs on this machine: docs/strategies.md)."""
 
-    concurrency: int = 8  # pages of one subtask in flight at once (Scrapy's per-domain concurrency)
-    overhead: float = 0.2  # seconds per subtask: take, first request, finish script, report
-    page_cpu: float = 0.015  # node seconds per page served (parse)
+    concurrency: int = 8  # a node's pages in flight at once, all its subtasks together (CONCURRENT_REQUESTS_PER_DOMAIN)
+    requests: int = 16  # subtasks a node holds at once (CONCURRENT_REQUESTS); sizes the adaptive prefetch too
+    overhead: float = 0.2  # seconds per subtask: take, first request, finish script, report (overlapped)
+    # node seconds per page served: its parse, and its share of a 2-core machine that it shares with the other nodes,
+    # the web, MongoDB and the control (fitted to a real run: docs/strategies.md; alone, a node needs 0.007 s)
+    page_cpu: float = 0.035
     item_cpu: float = 0.002  # node seconds per item stored
     refill_interval: float = 0.5  # seconds between an idle node's polls of its crawl queue
 
@@ -126,7 +135,17 @@ class Simulation:
         self.subtasks: dict[str, Subtask] = {}
         self.records: dict[str, str] = {}  # waiting subtask id -> its record (JSON), made once
         self.queues: dict[str, list[Subtask]] = {n: [] for n in self.nodes}
-        self.running: dict[str, _Run | None] = dict.fromkeys(self.nodes)
+        self.running: dict[str, dict[str, _Run]] = {n: {} for n in self.nodes}
+        m = self.model
+        self.slots: dict[str, list[float]] = {n: [0.0] * max(1, m.concurrency) for n in self.nodes}
+        self.cpu_free: dict[str, float] = dict.fromkeys(self.nodes, 0.0)
+        self.starts: dict[str, list[float]] = {n: [] for n in self.nodes}  # start times of pages not yet started
+        self.prefetch_min = math.ceil(m.requests / max(1, page_limit)) + 1
+        self.prefetch_max = max(self.prefetch_min, 4 * m.requests)
+        self.prefetch = {n.id: self.prefetch_min if n.prefetch is None else n.prefetch for n in nodes}
+        self._takes: dict[str, int] = dict.fromkeys(self.nodes, 0)
+        self._paced_at = 0.0
+        self._grown_at: dict[str, float] = dict.fromkeys(self.nodes, -math.inf)
         self.reports: list[Report] = []
         self.failures: list[Report] = []
         self.lost: list[tuple[float, Subtask]] = []  # (when the control notices, subtask) of nodes that left
@@ -140,7 +159,7 @@ class Simulation:
         self.counts: dict[str, dict[str, int]] = {n: {} for n in self.nodes}
         self.samples: list[dict[str, Any]] = []
         self.tasks_made = 0
-        self.busy: dict[str, float] = {}  # node -> seconds spent crawling
+        self.busy: dict[str, float] = {}  # node -> subtask-seconds held (subtasks overlap: may exceed the run)
         self.tasks_done = 0
         self.allocated = 0
         self.first_use: dict[tuple[str, str], list[float]] = {}  # (node, site) -> start times of its runs
@@ -218,6 +237,7 @@ class Simulation:
     # --- the control ----------------------------------------------------------------------------------------------
     def _tick(self) -> None:
         """One control tick: the snapshot the control would read, its own :func:`decide`, the writes applied."""
+        self._adapt_prefetch()
         nodes = self.live_nodes()
         total_free = sum(n.free for n in nodes)
         if self._nothing_to_decide(total_free):
@@ -288,25 +308,57 @@ class Simulation:
 
     def live_nodes(self) -> list[NodeView]:
         return [NodeView(id=n.id, types=list(n.types), address=n.address,
-                         free=max(0, n.prefetch - len(self.queues[n.id])))
+                         free=max(0, self.prefetch[n.id] - len(self.queues[n.id])))
                 for n in self.nodes.values() if self.live(n.id)]
+
+    def _adapt_prefetch(self) -> None:
+        """The adaptive prefetch (``scheduler.SubtaskScheduler._adapt_prefetch``): about two ticks of takes."""
+        elapsed, self._paced_at = self.now - self._paced_at, self.now
+        if elapsed <= 0:
+            return
+        for n in self.nodes.values():
+            if n.prefetch is None:
+                rate = self._takes[n.id] / elapsed
+                self.prefetch[n.id] = min(self.prefetch_max,
+                                          max(self.prefetch_min, math.ceil(2 * rate * self.tick) + 1))
+            self._takes[n.id] = 0
 
     def _queue(self, nid: str, st: Subtask) -> None:
         self.queues[nid].append(st)
-        if self.running[nid] is None and nid not in self.polling:
+        self._poll(nid, self.now + self.rng.uniform(0, self.model.refill_interval))
+
+    def _poll(self, nid: str, at: float) -> None:
+        if nid not in self.polling:
             self.polling.add(nid)
-            self._at(self.now + self.rng.uniform(0, self.model.refill_interval), "poll", nid)
+            self._at(at, "poll", nid)
 
     # --- the nodes --------------------------------------------------------------------------------------------------
+    def _waiting_pages(self, nid: str) -> list[float]:
+        """Start times of the node's pages not started yet (sorted)."""
+        starts = self.starts[nid]
+        del starts[:bisect.bisect_right(starts, self.now)]
+        return starts
+
     def _take(self, nid: str) -> None:
-        if not self.live(nid) or self.running[nid] is not None or not self.queues[nid]:
+        """Take subtasks while the node has room (fewer than ``requests`` held, fewer than ``concurrency`` pages
+        waiting to start), as the real node does."""
+        if not self.live(nid):
             return
-        st = self.queues[nid].pop(0)
-        self.running[nid] = run = _Run(st, nid, self.now)
-        if self.pair_samples:
-            self.first_use.setdefault((nid, st.site), []).append(self.now)
-        report, ended = self._crawl(run)
-        self._at(ended, "finish", (run, report))
+        running, queue, m = self.running[nid], self.queues[nid], self.model
+        while queue and len(running) < m.requests and len(self._waiting_pages(nid)) < m.concurrency:
+            st = queue.pop(0)
+            running[st.id] = run = _Run(st, nid, self.now)
+            self._takes[nid] += 1
+            if self.pair_samples:
+                self.first_use.setdefault((nid, st.site), []).append(self.now)
+            report, ended = self._crawl(run)
+            self._at(ended, "finish", (run, report))
+        if queue and len(running) < m.requests:  # held back by pages waiting: look again when the next one starts
+            self._poll(nid, self.starts[nid][0])
+        elif (not queue and running and self.nodes[nid].prefetch is None and self.prefetch[nid] < self.prefetch_max
+              and self.now - self._grown_at[nid] >= m.refill_interval):  # busy and starved: ask for more
+            self.prefetch[nid] = min(self.prefetch_max, 2 * self.prefetch[nid])
+            self._grown_at[nid] = self.now
 
     def _crawl(self, run: _Run) -> tuple[Report, float]:
         """Crawl ``run``'s pages now; the report and the time the node finishes it."""
@@ -317,7 +369,7 @@ class Simulation:
         b = self.world.behaviour(run.node, st.site, run.started)
         t0 = run.started + m.overhead / 2
         deadline = run.started + st.time_limit
-        slots = [t0] * max(1, m.concurrency)
+        slots, starts = self.slots[run.node], self.starts[run.node]
         failed_at = math.inf
         done: dict[int, int] = {}
         offered = collected = errors = blocked = requests = 0
@@ -326,16 +378,19 @@ class Simulation:
         last_end = t0
         reason = ""
         for page in range(st.first_page, min(st.first_page + st.page_limit, total_pages)):
-            start = heapq.heappop(slots)
+            free = heapq.heappop(slots)
+            start = max(free, t0, self.cpu_free[run.node])
             if start >= failed_at:  # the subtask already failed: pages not started are dropped
-                heapq.heappush(slots, start)
+                heapq.heappush(slots, free)
                 break
             if start >= deadline:
                 timed_out = True
-                heapq.heappush(slots, start)
+                heapq.heappush(slots, free)
                 break
             end = start + max(0.0, b.latency + (rng.uniform(-b.spread, b.spread) if b.spread else 0.0))
             heapq.heappush(slots, end)
+            if start > self.now:
+                bisect.insort(starts, start)
             if end > deadline:
                 timed_out = True
                 continue
@@ -355,13 +410,13 @@ class Simulation:
             shown = min(PAGE_SIZE, results - page * PAGE_SIZE)
             got = _binomial(rng, shown, b.share)
             done[page] = got
+            self.cpu_free[run.node] = start + m.page_cpu + got * m.item_cpu
             offered += shown
             collected += got
-        cpu = len(done) * m.page_cpu + collected * m.item_cpu
-        ended = run.started + m.overhead + max(last_end - t0, cpu)
+        ended = last_end + m.overhead / 2
         if failed_page is not None:
-            ended = min(ended, max(failed_at, run.started + m.overhead + cpu))
-        ended = min(ended, deadline + m.overhead)
+            ended = min(ended, failed_at + m.overhead / 2)
+        ended = min(ended, deadline + m.overhead / 2)
         stats = self.web.setdefault(run.node, {"requests": 0, "error": 0, "blocked": 0})
         stats["requests"] += requests
         stats["error"] += errors
@@ -384,9 +439,9 @@ class Simulation:
     def _finish(self, payload: tuple[_Run, Report]) -> None:
         run, report = payload
         nid, st = run.node, run.st
-        if self.running.get(nid) is not run:
+        if self.running[nid].get(st.id) is not run:
             return
-        self.running[nid] = None
+        del self.running[nid][st.id]
         self.busy[nid] = self.busy.get(nid, 0.0) + self.now - run.started
         done = self._pending_pages.pop(st.id, {})
         if not self.live(nid):
@@ -414,11 +469,10 @@ class Simulation:
 
     def _leave(self, nid: str) -> None:
         notice = self.now + self.recall_age
-        run = self.running.get(nid)
-        if run is not None:
-            self.running[nid] = None
+        for run in self.running[nid].values():
             self._pending_pages.pop(run.st.id, None)
             self.lost.append((notice, run.st))
+        self.running[nid] = {}
         for st in self.queues[nid]:
             self.lost.append((notice, st))
         self.queues[nid] = []
