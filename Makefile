@@ -5,7 +5,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: chromium demo test lint typecheck bench experiment services-start services-stop clean
+.PHONY: chromium demo test test-calibration lint typecheck bench experiment services-start services-stop clean
 
 $(STAMP): pyproject.toml setup.py
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -18,6 +18,10 @@ demo: $(STAMP)
 
 test: $(STAMP) chromium
 	$(BIN)/python -m pytest
+
+# The simulator against a real run: sensitive to the machine's load, so apart from `make test` (docs/development.md).
+test-calibration: $(STAMP)
+	$(BIN)/python -m pytest -m calibration
 
 # The dashboard's browser tests drive the system's Chromium (Debian's `chromium`), never `playwright install`.
 # As root with apt it is installed here; elsewhere the browser tests are skipped with a message saying how to

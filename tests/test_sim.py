@@ -226,7 +226,11 @@ def test_experiment_sim_refuses_repeat_without_sim(tmp_path: Path) -> None:
 
 
 # --- agreement with real runs ----------------------------------------------------------------------------------------
+# Not in `make test`: the real bandit / shared ratio of one 30 s run moved between 1.43 and 2.00 with the load of this
+# 2-core machine (the simulator: 1.53-1.65), so on a shared machine it fails for reasons that are not the code's.
+# Run it on a quiet machine with `make test-calibration`.
 
+@pytest.mark.calibration
 def test_simulated_ratios_agree_with_a_real_run(scrapy_env: dict[str, str], prefix: str, mongo_db: str,
                                                 tmp_path: Path) -> None:
     """A short real experiment on the paper profile and the simulator on the same options: the real bandit / shared
