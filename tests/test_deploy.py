@@ -112,7 +112,8 @@ def test_cluster_deploy_up_status_down_on_scrapyd(cluster: LocalCluster, scrapyd
 
     deployed = run_scrapy(["cluster", "deploy"], env)
     assert deployed.returncode == 0, deployed.stderr
-    assert "deployed product_crawl version" in deployed.stdout and "3 spiders" in deployed.stdout  # search, control, redis_search
+    # three spiders: search, control and redis_search (the scrapy-redis peer of the experiment)
+    assert "deployed product_crawl version" in deployed.stdout and "3 spiders" in deployed.stdout
 
     cluster.start_simweb(FAST_PROFILE)
     cluster.settings.update(CONCURRENT_REQUESTS_PER_DOMAIN=1, DOWNLOAD_DELAY=1)
