@@ -82,9 +82,10 @@ class MongoPipeline:
         logger.info("storing items in %s.%s", self.database_name, self.collection_name)
 
     def _create_indexes(self) -> None:
-        # Uniqueness is the _id; these serve the analysts' queries.
+        # Uniqueness is the _id; these serve the analysts' queries and the dashboard's newest-first item list.
         self.collection.create_index([("product", 1), ("site", 1)], name="product_site")
         self.collection.create_index([("fingerprint", 1)], name="fingerprint")
+        self.collection.create_index([("crawled_at", -1)], name="crawled_at")
 
     async def close_spider(self) -> None:
         if self._batch:
