@@ -93,22 +93,28 @@ class EstimateCache:
         self._site_sums.clear()
         self._group_sums.clear()
 
-    def refresh(self) -> None:
-        """Re-read the fields changed since the last refresh (``est:dirty``), for the hashes held."""
-        keys = self.store.keys
+    def changed(self, members: Iterable[str]) -> list[tuple[str, Any, str]]:
+        """The fields that ``est:dirty`` members name, of the hashes held, as (kind, site or (product, site),
+        node); the others are read whole when first needed."""
         fields: list[tuple[str, Any, str]] = []
-        for member in self.store.take_dirty_estimates():
+        for member in members:
             parts = member.split("|", 3)
             if len(parts) == 3 and parts[0] == "s" and parts[2] in self._sites:
                 fields.append(("s", parts[2], parts[1]))
             elif len(parts) == 4 and parts[0] == "g" and (parts[3], parts[2]) in self._groups:
                 fields.append(("g", (parts[3], parts[2]), parts[1]))
+        return fields
+
+    def queue_reads(self, fields: Sequence[tuple[str, Any, str]], pipe: Any) -> None:
+        """Queue on ``pipe`` the reads of these fields (their rows go to :meth:`update`, in order)."""
+        keys = self.store.keys
+        for kind, what, node in fields:
+            pipe.hget(keys.est_site(what) if kind == "s" else keys.est_group_site(*what), node)
+
+    def update(self, fields: Sequence[tuple[str, Any, str]], rows: Sequence[str | None]) -> None:
+        """Take in the fields :meth:`changed` named, as read again (``rows``, in the same order)."""
         if not fields:
             return
-        with self.store.redis.pipeline(transaction=False) as pipe:
-            for kind, what, node in fields:
-                pipe.hget(keys.est_site(what) if kind == "s" else keys.est_group_site(*what), node)
-            rows = pipe.execute()
         self.reads += len(fields)
         # Copy on write: a changed site gets a new mapping, which is how allocation knows to re-rank its nodes.
         sites = {what: dict(self._sites[what]) for kind, what, _ in fields if kind == "s"}
@@ -801,6 +807,7 @@ class Control:
                                      max_split=max_split)
         self.estimates = EstimateCache(store)  # kept across ticks; only changed estimates are re-read
         self._window: dict[str, tuple[str | None, Subtask | None]] = {}  # last tick's window: id -> record, decoded
+        self._slots: dict[str, int] = {}  # last tick's live nodes -> crawl-queue slots (what the next one asks)
         self.now = 0.0  # Redis time at the start of the current tick
         self.is_leader = False
 
@@ -852,58 +859,73 @@ class Control:
 
     # --- read -----------------------------------------------------------------------------------------------------
     def read(self) -> Snapshot:
-        """Everything one tick needs, read before any decision (a Redis error here means no decision at all)."""
+        """Everything one tick needs, read before any decision (a Redis error here means no decision at all).
+
+        Two round trips as a rule: the snapshot script (lua/snapshot.lua: the time, the inputs, deadlines, nodes,
+        the first ids of ``waiting``, the changed estimates), then one pipeline for the records those name that
+        this control does not hold yet. More only when the cluster changed: nodes that joined since the last tick,
+        a window larger than the last tick's nodes could use, (product, site) pairs never seen (one
+        ``SMISMEMBER``), estimates of a new site or product.
+        """
         k, r, store, batch = self.keys, self.store.redis, self.store, self.batch
-        now = self.now = store.now()  # one Redis time per tick: the time stamps of its decisions
-        self.estimates.refresh()
-        snap = Snapshot(keys=k, now=now, estimates=self.estimates, ids=StoreIds(store))
-        for name in ("virtual", "reports", "failures"):
-            key = {"virtual": k.virtual, "reports": k.sleeping, "failures": k.failed}[name]
-            entries = [Entry(key, raw, size, sha1) for raw, size, sha1 in
-                       store.peek(key, batch, self.max_entry_bytes)]
-            setattr(snap, name, entries)
-        task_ids = {tid for e in (*snap.reports, *snap.failures) if (tid := _task_id(e))}
-        lapsed = r.zrangebyscore(k.leases, "-inf", now, start=0, num=batch)
-        stale = r.zrangebyscore(k.queued, "-inf", now - self.recall_age, start=0, num=batch)
-        silent = r.zrangebyscore(k.node_seen, "-inf", now - self.node_timeout, start=0, num=batch)
-        live = r.zrangebyscore(k.node_seen, now - self.node_timeout, "+inf")
-        tids = sorted(task_ids)
-        with r.pipeline(transaction=False) as pipe:
-            for key, fields in ((k.tasks, tids), (k.lease_info, lapsed), (k.subtasks, lapsed), (k.subtasks, stale)):
-                pipe.hmget(key, fields or ["-"])  # HMGET needs a field; "-" is never an id
-            for node in silent:
-                pipe.lrange(k.crawl(node), -batch, -1)
-            rows = pipe.execute()
-        tasks, leases, leased, stale_raw = rows[:4]
-        silent_queues = rows[4:]
-        snap.tasks = dict(zip(tids, tasks, strict=False))
-        snap.lapsed = [LapsedLease(sid, lease, st) for sid, lease, st in zip(lapsed, leases, leased, strict=False)]
-        snap.stale = list(zip(stale, stale_raw, strict=False))
-        snap.silent = [SilentNode(node, now - self.node_timeout, list(reversed(queue)))
-                       for node, queue in zip(silent, silent_queues, strict=True)]
-        snap.nodes = [view for nid, (raw, queued) in zip(live, store.node_entries(live), strict=True)
-                      if (view := node_view(nid, raw, queued)) is not None]
+        slots = self._slots  # the nodes live at the last tick -> their crawl-queue slots
+        asked = self.strategies.window(sum(slots.values())) if slots else 0
+        t = store.snapshot(batch=batch, max_bytes=self.max_entry_bytes, recall_age=self.recall_age,
+                           node_timeout=self.node_timeout, window=asked, nodes=list(slots))
+        now = self.now = t.now  # one Redis time per tick: the time stamps of its decisions
+        snap = Snapshot(keys=k, now=now, estimates=self.estimates, ids=StoreIds(store),
+                        virtual=[Entry(k.virtual, *e) for e in t.virtual],
+                        reports=[Entry(k.sleeping, *e) for e in t.sleeping],
+                        failures=[Entry(k.failed, *e) for e in t.failed])
+        entries = t.entries
+        joined = [nid for nid in t.live if nid not in entries]
+        if joined:
+            entries.update(zip(joined, store.node_entries(joined), strict=True))
+        views = {nid: node_view(nid, *entries[nid]) for nid in t.live}
+        snap.nodes = [view for view in views.values() if view is not None]
+        self._slots = {nid: _slots(view) for nid, view in views.items()}
         total_free = sum(n.free for n in snap.nodes)
+        ids = t.window[:self.strategies.window(total_free)] if total_free else []
+        if total_free and len(ids) < self.strategies.window(total_free) and len(t.window) == asked:
+            ids = r.zrange(k.waiting, 0, self.strategies.window(total_free) - 1)  # nodes joined: a larger window
+        tids = sorted({tid for e in (*snap.reports, *snap.failures) if (tid := _task_id(e))})
+        new = [sid for sid in ids if sid not in self._window]
+        fields = self.estimates.changed(t.dirty)
+        with r.pipeline(transaction=False) as pipe:
+            for key, names in ((k.tasks, tids), (k.lease_info, t.lapsed), (k.subtasks, t.lapsed),
+                               (k.subtasks, t.stale), (k.subtasks, new)):
+                pipe.hmget(key, names or ["-"])  # HMGET needs a field; "-" is never an id
+            for node in t.silent:
+                pipe.lrange(k.crawl(node), -batch, -1)
+            self.estimates.queue_reads(fields, pipe)
+            rows = pipe.execute()
+        tasks, leases, leased, stale_raw, records = rows[:5]
+        silent_queues = rows[5:5 + len(t.silent)]
+        self.estimates.update(fields, rows[5 + len(t.silent):])
+        snap.tasks = dict(zip(tids, tasks, strict=False))
+        snap.lapsed = [LapsedLease(sid, lease, st) for sid, lease, st in zip(t.lapsed, leases, leased, strict=False)]
+        snap.stale = list(zip(t.stale, stale_raw, strict=False))
+        snap.silent = [SilentNode(node, now - self.node_timeout, list(reversed(queue)))
+                       for node, queue in zip(t.silent, silent_queues, strict=True)]
         if total_free:
-            ids = r.zrange(k.waiting, 0, self.strategies.window(total_free) - 1)
-            snap.waiting, snap.parsed = self._read_window(ids)
+            snap.waiting, snap.parsed = self._read_window(ids, dict(zip(new, records, strict=False)))
             pairs = {(st.group, st.site) for st in snap.parsed.values()}
             self.estimates.prefetch({site for _, site in pairs}, pairs)  # what allocation will ask for
         return snap
 
-    def _read_window(self, ids: list[str]) -> tuple[list[tuple[str, str | None]], dict[str, Subtask]]:
-        """The records of the waiting window, decoded. Only ids new to the window are read and decoded: while an
-        id stays in ``waiting`` its record does not change (a subtask's record is rewritten only on its way into
-        ``waiting``), so the window costs what changed, not its size. decide judges, and dead-letters, bad ones."""
+    def _read_window(self, ids: list[str], fresh: dict[str, str | None]
+                     ) -> tuple[list[tuple[str, str | None]], dict[str, Subtask]]:
+        """The records of the waiting window, decoded: those of the ids new to the window are ``fresh`` (read with
+        the snapshot), the others kept from the last tick: while an id stays in ``waiting`` its record does not
+        change (a subtask's record is rewritten only on its way into ``waiting``), so the window costs what
+        changed, not its size. decide judges, and dead-letters, bad ones."""
         known = self._window
-        new = [sid for sid in ids if sid not in known]
-        fresh = dict(zip(new, self.store.redis.hmget(self.keys.subtasks, new), strict=True)) if new else {}
         window: dict[str, tuple[str | None, Subtask | None]] = {}
         for sid in ids:
             if sid in known:
                 window[sid] = known[sid]
                 continue
-            raw, st = fresh[sid], None
+            raw, st = fresh.get(sid), None
             if raw is not None:
                 try:
                     st = Subtask.from_json(raw)
@@ -913,13 +935,6 @@ class Control:
         self._window = window
         return [(sid, raw) for sid, (raw, _) in window.items()], \
             {raw: st for raw, st in window.values() if raw is not None and st is not None}
-
-    def live_nodes(self, now: float) -> list[NodeView]:
-        """The nodes that heartbeat within the node timeout, with their free crawl-queue slots."""
-        k, r = self.keys, self.store.redis
-        ids = r.zrangebyscore(k.node_seen, now - self.node_timeout, "+inf")
-        return [view for nid, (raw, queued) in zip(ids, self.store.node_entries(ids), strict=True)
-                if (view := node_view(nid, raw, queued)) is not None]
 
     # --- apply ----------------------------------------------------------------------------------------------------
     def apply(self, decisions: Sequence[Decision]) -> TickResult:
@@ -967,6 +982,11 @@ def node_view(nid: str, raw: str | None, queued: int) -> NodeView | None:
             or type(prefetch) is not int or not (address is None or isinstance(address, str)):
         return None
     return NodeView(id=nid, types=types, address=address, free=max(0, min(prefetch, 10_000) - queued), info=obj)
+
+
+def _slots(view: NodeView | None) -> int:
+    """The crawl-queue slots of a node (its prefetch, as :func:`node_view` bounds it); 0 if it is unusable."""
+    return 0 if view is None else min(max(0, int(view.info.get("prefetch", 1))), 10_000)
 
 
 def _task_id(e: Entry) -> str | None:

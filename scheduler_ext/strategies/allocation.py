@@ -255,7 +255,8 @@ def greedy(classes: Iterable[_Class], free: dict[str, int]) -> list[tuple[Subtas
         for aged in (True, False):
             _push(ready, cls, aged, free, n)
     heapq.heapify(ready)
-    while ready:
+    left = sum(v for v in free.values() if v > 0)
+    while ready and left:
         entry = heapq.heappop(ready)
         aged, cls, n = not entry[0], entry[5], entry[4]
         best, head = cls.best(aged, free), cls.head(aged)
@@ -265,6 +266,7 @@ def greedy(classes: Iterable[_Class], free: dict[str, int]) -> list[tuple[Subtas
             heapq.heappush(ready, (entry[0], best[0], head[0], best[1], n, cls))
             continue
         free[best[2]] -= 1
+        left -= 1
         result.append((head[1], best[2]))
         cls.heads[not aged] += 1
         _push(ready, cls, aged, free, n, heap=True)
