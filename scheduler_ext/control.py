@@ -808,6 +808,7 @@ class Control:
         self.estimates = EstimateCache(store)  # kept across ticks; only changed estimates are re-read
         self._window: dict[str, tuple[str | None, Subtask | None]] = {}  # last tick's window: id -> record, decoded
         self._slots: dict[str, int] = {}  # last tick's live nodes -> crawl-queue slots (what the next one asks)
+        self._registry: dict[str, tuple[str | None, NodeView | None]] = {}  # node -> its entry, decoded
         self.now = 0.0  # Redis time at the start of the current tick
         self.is_leader = False
 
@@ -881,9 +882,7 @@ class Control:
         joined = [nid for nid in t.live if nid not in entries]
         if joined:
             entries.update(zip(joined, store.node_entries(joined), strict=True))
-        views = {nid: node_view(nid, *entries[nid]) for nid in t.live}
-        snap.nodes = [view for view in views.values() if view is not None]
-        self._slots = {nid: _slots(view) for nid, view in views.items()}
+        snap.nodes = self._views(t.live, entries)
         total_free = sum(n.free for n in snap.nodes)
         ids = t.window[:self.strategies.window(total_free)] if total_free else []
         if total_free and len(ids) < self.strategies.window(total_free) and len(t.window) == asked:
@@ -912,6 +911,23 @@ class Control:
             pairs = {(st.group, st.site) for st in snap.parsed.values()}
             self.estimates.prefetch({site for _, site in pairs}, pairs)  # what allocation will ask for
         return snap
+
+    def _views(self, live: list[str], entries: dict[str, tuple[str | None, int]]) -> list[NodeView]:
+        """The live nodes as allocation sees them (:func:`node_view`). A registry entry that did not change since
+        the last tick is not decoded again; ``_slots`` keeps each node's crawl-queue slots for the next read."""
+        kept: dict[str, tuple[str | None, NodeView | None]] = {}
+        views: list[NodeView] = []
+        for nid in live:
+            raw, queued = entries[nid]
+            hit = self._registry.get(nid)
+            base = hit[1] if hit is not None and hit[0] == raw else node_view(nid, raw, 0)  # free = its slots
+            kept[nid] = (raw, base)
+            if base is not None:
+                views.append(NodeView(id=nid, types=base.types, address=base.address, free=max(0, base.free - queued),
+                                      info=base.info))
+        self._registry = kept
+        self._slots = {nid: 0 if base is None else base.free for nid, (_, base) in kept.items()}
+        return views
 
     def _read_window(self, ids: list[str], fresh: dict[str, str | None]
                      ) -> tuple[list[tuple[str, str | None]], dict[str, Subtask]]:
@@ -982,11 +998,6 @@ def node_view(nid: str, raw: str | None, queued: int) -> NodeView | None:
             or type(prefetch) is not int or not (address is None or isinstance(address, str)):
         return None
     return NodeView(id=nid, types=types, address=address, free=max(0, min(prefetch, 10_000) - queued), info=obj)
-
-
-def _slots(view: NodeView | None) -> int:
-    """The crawl-queue slots of a node (its prefetch, as :func:`node_view` bounds it); 0 if it is unusable."""
-    return 0 if view is None else min(max(0, int(view.info.get("prefetch", 1))), 10_000)
 
 
 def _task_id(e: Entry) -> str | None:

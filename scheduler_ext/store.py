@@ -263,8 +263,9 @@ class Store:
 
         return TickRead(now=float(sec) + int(usec) / 1e6, virtual=listed(virtual), sleeping=listed(sleeping),
                         failed=listed(failed), lapsed=lapsed, stale=stale, silent=silent, live=live,
-                        entries={n: (entries[2 * i] or None, int(entries[2 * i + 1])) for i, n in enumerate(nodes)},
-                        window=waiting, dirty=dirty or [])
+                        entries={n: (raw or None, int(queued)) for n, (raw, queued) in
+                                 zip(nodes, json.loads(entries) or [], strict=True)},
+                        window=list(json.loads(waiting) or []), dirty=dirty or [])
 
     def node_entries(self, nodes: Sequence[str]) -> list[tuple[str | None, int]]:
         """(registry JSON or None, crawl-queue length) of each node, in one script call."""

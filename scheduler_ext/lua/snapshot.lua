@@ -37,8 +37,8 @@ Returns {time, virtual, sleeping, failed, lapsed, stale, silent, live, entries, 
   stale       ids queued at or before now - recallAge
   silent      nodes whose last heartbeat is at or before now - nodeTimeout
   live        every node whose last heartbeat is at or after now - nodeTimeout
-  entries     flat, per node of ARGV[9..]: node JSON (false if none), crawl-queue length
-  window      the first ids of `waiting`
+  entries     JSON text: [node JSON (false if none), crawl-queue length] per node of ARGV[9..], in order
+  window      JSON text: the first ids of `waiting` (an empty list may come as {})
   dirty       the members popped from `est:dirty`
 ]]
 
@@ -73,10 +73,10 @@ local function peek(listKey)
   return out
 end
 
+-- The two long parts go as one JSON text each: one reply element instead of thousands to parse.
 local entries = {}
 for i = 9, #ARGV do
-  table.insert(entries, redis.call('HGET', nodesKey, ARGV[i]))
-  table.insert(entries, redis.call('LLEN', KEYS[i + 1]))
+  table.insert(entries, {redis.call('HGET', nodesKey, ARGV[i]), redis.call('LLEN', KEYS[i + 1])})
 end
 
 local waiting = {}
@@ -91,7 +91,7 @@ return {
   redis.call('ZRANGEBYSCORE', queuedKey, '-inf', score(now - recallAge), 'LIMIT', 0, batch),
   redis.call('ZRANGEBYSCORE', seenKey, '-inf', score(now - nodeTimeout), 'LIMIT', 0, batch),
   redis.call('ZRANGEBYSCORE', seenKey, score(now - nodeTimeout), '+inf'),
-  entries,
-  waiting,
+  cjson.encode(entries),
+  cjson.encode(waiting),
   redis.call('SPOP', dirtyKey, dirtyLimit),
 }
