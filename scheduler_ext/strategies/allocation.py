@@ -145,12 +145,12 @@ class Rankings:
     def get(self, site: str, node_type: int, source: Any, now: float,
             build: Callable[[_Typed, _Ranking | None], _Ranking], cacheable: bool = True) -> _Ranking:
         """The ranking of (site, type) built from ``source`` (the site's figures, compared by identity);
-        ``build(typed, previous)`` makes a new one, given the previous ranking when only the figures changed (to
-        update what changed only)."""
+        ``build(typed, previous)`` makes a new one, given the previous ranking of the same nodes if there is one
+        (to update what changed only; it may be past its ``valid_until``)."""
         kept = self._kept.get((site, node_type))
         previous = None
-        if cacheable and kept is not None and kept[0] is self._signature and now <= kept[2].valid_until:
-            if kept[1] is source:
+        if cacheable and kept is not None and kept[0] is self._signature:
+            if kept[1] is source and now <= kept[2].valid_until:
                 return kept[2]
             previous = kept[2]
         if len(self._kept) > self.MAX:
