@@ -35,9 +35,10 @@ import math
 import os
 import socket
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from functools import partial
+from types import MappingProxyType
 from typing import Any, Protocol
 
 import redis
@@ -196,10 +197,14 @@ class EstimateCache:
             self.prefetch([site], [])
         return self._site_sums.setdefault(site, {})
 
-    def group_sums(self, group: str, site: str) -> dict[str, Sums]:
-        if (group, site) not in self._groups:
-            self.prefetch([], [(group, site)])
-        return self._group_sums.setdefault((group, site), {})
+    def group_sums(self, group: str, site: str) -> Mapping[str, Sums]:
+        key = (group, site)
+        if key not in self._groups:
+            self.prefetch([], [key])
+        return self._group_sums.get(key, _NO_SUMS)  # most products have none: no empty dict kept for each
+
+
+_NO_SUMS: Mapping[str, Sums] = MappingProxyType({})
 
 
 def _sums(entry: dict[str, Any] | None) -> Sums | None:
@@ -808,7 +813,7 @@ class Control:
         self.estimates = EstimateCache(store)  # kept across ticks; only changed estimates are re-read
         self._window: dict[str, tuple[str | None, Subtask | None]] = {}  # last tick's window: id -> record, decoded
         self._slots: dict[str, int] = {}  # last tick's live nodes -> crawl-queue slots (what the next one asks)
-        self._registry: dict[str, tuple[str | None, NodeView | None]] = {}  # node -> its entry, decoded
+        self._registry: dict[str, tuple[str | None, NodeView | None, int]] = {}  # node -> entry, view, slots
         self.now = 0.0  # Redis time at the start of the current tick
         self.is_leader = False
 
@@ -914,19 +919,22 @@ class Control:
 
     def _views(self, live: list[str], entries: dict[str, tuple[str | None, int]]) -> list[NodeView]:
         """The live nodes as allocation sees them (:func:`node_view`). A registry entry that did not change since
-        the last tick is not decoded again; ``_slots`` keeps each node's crawl-queue slots for the next read."""
-        kept: dict[str, tuple[str | None, NodeView | None]] = {}
+        the last tick is not decoded again: its view is kept, with this tick's free slots; ``_slots`` keeps each
+        node's crawl-queue slots for the next read."""
+        kept: dict[str, tuple[str | None, NodeView | None, int]] = {}
         views: list[NodeView] = []
         for nid in live:
             raw, queued = entries[nid]
             hit = self._registry.get(nid)
-            base = hit[1] if hit is not None and hit[0] == raw else node_view(nid, raw, 0)  # free = its slots
-            kept[nid] = (raw, base)
-            if base is not None:
-                views.append(NodeView(id=nid, types=base.types, address=base.address, free=max(0, base.free - queued),
-                                      info=base.info))
+            if hit is None or hit[0] != raw:
+                view = node_view(nid, raw, 0)  # its free slots are all its slots
+                hit = (raw, view, 0 if view is None else view.free)
+            kept[nid] = hit
+            if hit[1] is not None:
+                hit[1].free = max(0, hit[2] - queued)
+                views.append(hit[1])
         self._registry = kept
-        self._slots = {nid: 0 if base is None else base.free for nid, (_, base) in kept.items()}
+        self._slots = {nid: slots for nid, (_, _, slots) in kept.items()}
         return views
 
     def _read_window(self, ids: list[str], fresh: dict[str, str | None]

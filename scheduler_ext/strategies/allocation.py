@@ -46,6 +46,7 @@ def _candidates(subtask: Subtask, nodes: Sequence[NodeView]) -> list[NodeView]:
 
 
 _MIN_SPP = 1e-3  # seconds per page below which a rate is not believed (a division guard)
+NOBODY: frozenset[str] = frozenset()  # no node excluded: one object for every subtask that avoids no node
 
 
 def _spp(e: Estimate | None) -> float:
@@ -378,7 +379,7 @@ class DynamicAllocation(Allocation):
                 free[nid] -= 1
                 result.append((st, nid))
                 continue
-            kk = (st.group, st.site, st.type, frozenset(excluded))
+            kk = (st.group, st.site, st.type, frozenset(excluded) if excluded else NOBODY)
             cls = keys.get(kk)
             if cls is None:
                 c = site.ranking.c

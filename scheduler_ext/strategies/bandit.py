@@ -51,7 +51,7 @@ from typing import Any
 from ..config import config_for
 from ..models import Subtask
 from . import Allocation, Estimates, NodeView
-from .allocation import Rankings, _Class, _Ranking, _Site, _Typed, greedy
+from .allocation import NOBODY, Rankings, _Class, _Ranking, _Site, _Typed, greedy
 from .posterior import Posterior, Sums, draw_rate, expected_rate, expected_rates
 
 #: Free candidates drawn per subtask for exploration: bounds the cost of a tick whatever the cluster's size.
@@ -258,7 +258,7 @@ class BanditAllocation(Allocation):
                 site = sites[(st.site, st.type)] = _Site(st.site, ranking, free)
             avoided = site.ranking.ids.intersection(st.avoid)
             excluded = avoided if avoided != site.ranking.ids else set()  # none else alive: the avoided will do
-            kk = (st.group, st.site, st.type, frozenset(excluded))
+            kk = (st.group, st.site, st.type, frozenset(excluded) if excluded else NOBODY)
             cls = keys.get(kk)
             if cls is None:
                 cls = keys[kk] = self._class(site, st.group, excluded, estimates, now, classes)
@@ -323,7 +323,7 @@ class BanditAllocation(Allocation):
         sums, theta0, rho0, _, _ = site.ranking.data
         per_group = group_sums(estimates, group, site.site) if sums else {}
         if not per_group:  # most products: the site's class
-            ck: tuple[Any, ...] = (id(site), frozenset(excluded))
+            ck: tuple[Any, ...] = (id(site), frozenset(excluded) if excluded else NOBODY)
             cls = classes.get(ck)
             if cls is None:
                 cls = classes[ck] = _Class(site, excluded, {}, math.inf, self.rate_floor)
