@@ -30,9 +30,11 @@ Per tick, over the window of waiting subtasks the control passes (priority order
 
 Cost per tick: the paper's allocation's mechanism (:class:`~scheduler_ext.strategies.allocation.Rankings`, its
 classes and greedy): each (site, node type) ranks its nodes by expected rate once and keeps the ranking across ticks,
-re-rating only the nodes whose sums changed (the sums mapping of a site is replaced on change: copy on write) and
-everything every ``half_life / 10`` (the discount); subtasks that rank nodes alike share a class; at most
-``EXPLORE_SAMPLE`` draws per subtask. O(free slots + what changed), no (subtask x node) product.
+re-rating only the nodes whose sums changed (the sums mapping of a site is replaced on change: copy on write), and
+all of a site's nodes once every ``half_life / 10`` for the time discount, each site at a phase of its own so that
+the re-ratings spread over the ticks (:func:`_expiry`); subtasks that rank nodes alike share a class; at most
+``EXPLORE_SAMPLE`` draws per subtask. O(free slots + what changed + sites x nodes / (half_life / 10) per second),
+no (subtask x node) product.
 
 Settings: ``SCHEDEXT_RATE_FLOOR``, ``SCHEDEXT_PATIENCE``, ``SCHEDEXT_EXPLORE_SHARE``, ``SCHEDEXT_ESTIMATE_HALF_LIFE``,
 ``SCHEDEXT_RECALL_THRESHOLD`` (how long an exploration counts as in flight), ``SCHEDEXT_BANDIT_SEED``.
