@@ -913,8 +913,9 @@ class Control:
                        for node, queue in zip(t.silent, silent_queues, strict=True)]
         if total_free:
             snap.waiting, snap.parsed = self._read_window(ids, dict(zip(new, records, strict=False)))
-            pairs = {(st.group, st.site) for st in snap.parsed.values()}
-            self.estimates.prefetch({site for _, site in pairs}, pairs)  # what allocation will ask for
+            # What allocation will ask for, of the subtasks new to the window (the others' were read with them).
+            pairs = {(st.group, st.site) for sid in new if (st := self._window[sid][1]) is not None}
+            self.estimates.prefetch({site for _, site in pairs}, pairs)
         return snap
 
     def _views(self, live: list[str], entries: dict[str, tuple[str | None, int]]) -> list[NodeView]:

@@ -245,7 +245,6 @@ class BanditAllocation(Allocation):
         self._rankings.begin(nodes)
         cacheable = hasattr(estimates, "site_sums")  # sums made from the paper's estimates are new every call
         sites: dict[tuple[str, int], _Site] = {}
-        keys: dict[tuple[Any, ...], _Class] = {}
         classes: dict[tuple[Any, ...], _Class] = {}
         window: list[tuple[int, Subtask, _Class]] = []
         for order, st in enumerate(subtasks):
@@ -260,10 +259,7 @@ class BanditAllocation(Allocation):
                 site = sites[(st.site, st.type)] = _Site(st.site, ranking, free)
             avoided = site.ranking.ids.intersection(st.avoid)
             excluded = avoided if avoided != site.ranking.ids else set()  # none else alive: the avoided will do
-            kk = (st.group, st.site, st.type, frozenset(excluded) if excluded else NOBODY)
-            cls = keys.get(kk)
-            if cls is None:
-                cls = keys[kk] = self._class(site, st.group, excluded, estimates, now, classes)
+            cls = self._class(site, st.group, excluded, estimates, now, classes)  # found in classes if made already
             window.append((order, st, cls))
             if cls.known:
                 cls.queues[now - st.since < self.patience].append((order, st))
