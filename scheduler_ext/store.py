@@ -279,10 +279,6 @@ class Store:
         last = int(self.redis.incrby(self.keys.seq, n))
         return [str(i) for i in range(last - n + 1, last + 1)]
 
-    def take_dirty_estimates(self, limit: int = 100_000) -> list[str]:
-        """Take (remove and return) up to ``limit`` members of ``est:dirty``: the estimates changed meanwhile."""
-        return list(self.redis.spop(self.keys.est_dirty, limit) or [])
-
     def report_control(self, control_id: str, info: dict[str, Any]) -> None:
         """Record a control's last tick in ``controls`` (what ``scrapy status`` shows of the controls)."""
         self.redis.hset(self.keys.controls, control_id, json.dumps(info, ensure_ascii=False))
