@@ -940,8 +940,8 @@ class Control:
 
     def _read_window(self, ids: list[str], fresh: dict[str, str | None]
                      ) -> tuple[list[tuple[str, str | None]], dict[str, Subtask]]:
-        """The records of the waiting window, decoded: those of the ids new to the window are ``fresh`` (read with
-        the snapshot), the others kept from the last tick: while an id stays in ``waiting`` its record does not
+        """The records of the waiting window, decoded: those of the ids new to the window are ``fresh`` (read by
+        this tick's pipeline), the others kept from the last tick: while an id stays in ``waiting`` its record does not
         change (a subtask's record is rewritten only on its way into ``waiting``), so the window costs what
         changed, not its size. decide judges, and dead-letters, bad ones."""
         known = self._window

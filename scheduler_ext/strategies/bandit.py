@@ -33,8 +33,8 @@ classes and greedy): each (site, node type) ranks its nodes by expected rate onc
 re-rating only the nodes whose sums changed (the sums mapping of a site is replaced on change: copy on write), and
 all of a site's nodes once every ``half_life / 10`` for the time discount, each site at a phase of its own so that
 the re-ratings spread over the ticks (:func:`_expiry`); subtasks that rank nodes alike share a class; at most
-``EXPLORE_SAMPLE`` draws per subtask. O(free slots + what changed + sites x nodes / (half_life / 10) per second),
-no (subtask x node) product.
+``EXPLORE_SAMPLE`` draws per subtask. O(free slots + what changed) per tick, plus sites x nodes ratings every
+``half_life / 10`` spread over the ticks; no (subtask x node) product.
 
 Settings: ``SCHEDEXT_RATE_FLOOR``, ``SCHEDEXT_PATIENCE``, ``SCHEDEXT_EXPLORE_SHARE``, ``SCHEDEXT_ESTIMATE_HALF_LIFE``,
 ``SCHEDEXT_RECALL_THRESHOLD`` (how long an exploration counts as in flight), ``SCHEDEXT_BANDIT_SEED``.
@@ -202,8 +202,8 @@ class BanditAllocation(Allocation):
     def _ranking(self, site: str, sums: Mapping[str, Sums], now: float, typed: _Typed,
                  previous: _Ranking | None) -> _Ranking:
         """The site's nodes of one type ranked by expected rate (the ranking's ``c``; seconds per page 1), with
-        the site's sums and prior as its ``data``; rated at one time and kept for at most ``half_life / 10`` (the
-        time discount meanwhile is at most 2 ** -0.1, a 7 % weight).
+        the site's sums and prior as its ``data``; rated at one time and kept for at most ``half_life / 10``
+        (meanwhile the time discount moves the evidence's weight by at most 7 %: 2 ** -0.1).
 
         From ``previous`` (the same nodes, older sums), still valid: if the prior did not move, only the nodes
         whose sums changed are rated again (at ``previous``'s time, whose validity the ranking keeps). Past its
