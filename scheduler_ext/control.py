@@ -813,6 +813,7 @@ class Control:
         self.estimates = EstimateCache(store)  # kept across ticks; only changed estimates are re-read
         self._window: dict[str, tuple[str | None, Subtask | None]] = {}  # last tick's window: id -> record, decoded
         self._slots: dict[str, int] = {}  # last tick's live nodes -> crawl-queue slots (what the next one asks)
+        self._free = 0  # last tick's free slots
         self._registry: dict[str, tuple[str | None, NodeView | None, int]] = {}  # node -> entry, view, slots
         self.now = 0.0  # Redis time at the start of the current tick
         self.is_leader = False
@@ -870,12 +871,15 @@ class Control:
         Two round trips as a rule: the snapshot script (lua/snapshot.lua: the time, the inputs, deadlines, nodes,
         the first ids of ``waiting``, the changed estimates), then one pipeline for the records those name that
         this control does not hold yet. More only when the cluster changed: nodes that joined since the last tick,
-        a window larger than the last tick's nodes could use, (product, site) pairs never seen (one
+        many more free slots than at the last tick (a larger window), (product, site) pairs never seen (one
         ``SMISMEMBER``), estimates of a new site or product.
         """
         k, r, store, batch = self.keys, self.store.redis, self.store, self.batch
         slots = self._slots  # the nodes live at the last tick -> their crawl-queue slots
-        asked = self.strategies.window(sum(slots.values())) if slots else 0
+        # The window to read with the snapshot, before the free slots are known: about the last tick's free slots
+        # (a busy cluster frees a few per tick), never more than all the slots; one more round trip if short.
+        guess = min(sum(slots.values()), self._free + max(16, self._free // 8))
+        asked = self.strategies.window(guess) if slots else 0
         t = store.snapshot(batch=batch, max_bytes=self.max_entry_bytes, recall_age=self.recall_age,
                            node_timeout=self.node_timeout, window=asked, nodes=list(slots))
         now = self.now = t.now  # one Redis time per tick: the time stamps of its decisions
@@ -888,10 +892,11 @@ class Control:
         if joined:
             entries.update(zip(joined, store.node_entries(joined), strict=True))
         snap.nodes = self._views(t.live, entries)
-        total_free = sum(n.free for n in snap.nodes)
-        ids = t.window[:self.strategies.window(total_free)] if total_free else []
-        if total_free and len(ids) < self.strategies.window(total_free) and len(t.window) == asked:
-            ids = r.zrange(k.waiting, 0, self.strategies.window(total_free) - 1)  # nodes joined: a larger window
+        total_free = self._free = sum(n.free for n in snap.nodes)
+        size = self.strategies.window(total_free) if total_free else 0
+        ids = t.window[:size]
+        if len(ids) < size and len(t.window) == asked:  # more slots free than guessed: read the whole window
+            ids = r.zrange(k.waiting, 0, size - 1)
         tids = sorted({tid for e in (*snap.reports, *snap.failures) if (tid := _task_id(e))})
         new = [sid for sid in ids if sid not in self._window]
         fields = self.estimates.changed(t.dirty)

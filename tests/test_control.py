@@ -363,6 +363,6 @@ def test_a_node_that_joins_fills_its_slots_in_its_first_tick(store: Store) -> No
     store.heartbeat("n1", NODE_INFO, 30, [])
     control = make_control(store)
     assert control.tick().allocated == 1
-    store.heartbeat("n2", {**NODE_INFO, "prefetch": 40}, 30, [])  # more slots than the last tick's window covers
+    store.heartbeat("n2", {**NODE_INFO, "prefetch": 40}, 30, [])  # far more free slots than the last tick had
     assert control.tick().allocated == 40
     assert r.llen(k.crawl("n2")) == 40 and r.zcard(k.waiting) == 59
