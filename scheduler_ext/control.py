@@ -29,13 +29,15 @@ Settings (through :class:`~scheduler_ext.config.Config`): ``SCHEDEXT_TICK_INTERV
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import json
 import logging
 import math
 import os
 import socket
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from functools import partial
 from types import MappingProxyType
@@ -774,6 +776,25 @@ class _Decider:
 
 
 # --- the tick -----------------------------------------------------------------------------------------------------
+@contextlib.contextmanager
+def _collector_paused() -> Iterator[None]:
+    """Python's cyclic garbage collector paused for the span of a tick (resumed after, unless it was off).
+
+    A working tick at 1,000 nodes allocates some 100,000 container objects (records, views, decisions) that live
+    until it ends. At the collector's young-generation threshold (700 allocations) most of them would be promoted
+    to the oldest generation before they die, and the full collections that this brings on every few ticks scan
+    everything the control holds (its estimates: 50 to 150 ms each at 1,000 nodes x 35 sites). Paused, the
+    tick's objects die young (reference counting frees them), and only what outlives the tick is ever examined;
+    what it leaves in reference cycles is collected after it, as usual."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
 @dataclass
 class TickResult:
     leader: bool
@@ -849,8 +870,9 @@ class Control:
             self._window = {}
         if not leader:
             return TickResult(False)
-        snapshot = self.read()
-        return self.apply(decide(snapshot, self.strategies, snapshot.now))
+        with _collector_paused():
+            snapshot = self.read()
+            return self.apply(decide(snapshot, self.strategies, snapshot.now))
 
     def forget(self) -> None:
         """Drop what this control holds in memory (after a Redis error: the server may have restarted older)."""
