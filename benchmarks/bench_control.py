@@ -22,7 +22,9 @@ prefix:
    bandit's sums as the finish script writes them (so that either allocation knows every node, finds every
    node's rate above its floor and fills every free slot).
 3. Two :class:`scheduler_ext.control.Control` are built directly over the same state (no splitter, the dynamic
-   modification and recall), one per allocation, and tick in turn. *Working ticks*: before each tick every node
+   modification and recall), one per allocation, each in a process of its own (as a deployment runs its
+   control: one process's memory, and so its garbage collector's work, holds one control's state), and tick in
+   turn, one at a time. *Working ticks*: before each tick every node
    takes what it was given (:meth:`Store.take`), so each tick finds every slot free and must fill it
    (``allocated`` = nodes: a freed slot gets work within one tick). *Idle ticks*: nothing changed since the last
    tick.
@@ -36,6 +38,7 @@ import argparse
 import cProfile
 import io
 import json
+import multiprocessing
 import pstats
 import random
 import statistics
@@ -43,6 +46,7 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
+from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
@@ -220,18 +224,84 @@ def _time_phase(obj: Any, name: str, totals: dict[str, float]) -> None:
 
 @dataclass
 class Measured:
-    """One allocation's control over a deployment, and what its ticks measured."""
+    """One allocation's control over a deployment, and what its ticks measured (in the control's process)."""
 
     control: Control
     work_ms: list[float] = field(default_factory=list)
     idle_ms: list[float] = field(default_factory=list)
     allocated: list[int] = field(default_factory=list)
     phases: dict[str, float] = field(default_factory=lambda: {"read": 0.0, "allocate": 0.0, "apply": 0.0})
+    timed: bool = False
+
+    def tick(self, kind: str) -> str:
+        """One tick: ``work`` (measured), ``warm`` (not measured), ``idle`` (measured; must allocate nothing),
+        ``fill`` (not measured) or ``profile`` (returns a cProfile of it)."""
+        if kind == "work" and not self.timed:  # from the first measured working tick on
+            _time_phase(self.control, "read", self.phases)
+            _time_phase(self.control.allocation, "allocate", self.phases)
+            _time_phase(self.control, "apply", self.phases)
+            self.timed = True
+        prof = cProfile.Profile() if kind == "profile" else None
+        t0 = time.perf_counter()
+        if prof is not None:
+            prof.enable()
+        r = self.control.tick()
+        if prof is not None:
+            prof.disable()
+        ms = (time.perf_counter() - t0) * 1000
+        if kind == "work":
+            self.work_ms.append(ms)
+            self.allocated.append(r.allocated)
+        elif kind == "idle":
+            self.idle_ms.append(ms)
+            assert r.allocated == 0, "an idle tick allocated"
+        if prof is None:
+            return ""
+        buf = io.StringIO()
+        pstats.Stats(prof, stream=buf).sort_stats(PROFILE_SORT).print_stats(30)
+        return buf.getvalue()
+
+    def summary(self) -> dict[str, Any]:
+        return {"tick_ms_median": round(statistics.median(self.work_ms), 1),
+                "tick_ms_max": round(max(self.work_ms), 1),
+                "allocated_per_tick": statistics.median(self.allocated),
+                "read_ms_mean": round(self.phases["read"] * 1000 / WORK_TICKS, 1),
+                "allocate_ms_mean": round(self.phases["allocate"] * 1000 / WORK_TICKS, 1),
+                "apply_ms_mean": round(self.phases["apply"] * 1000 / WORK_TICKS, 1),
+                "idle_tick_ms_median": round(statistics.median(self.idle_ms), 2),
+                "estimate_reads_after_warm_up": self.control.estimates.reads}
+
+
+def serve(conn: Connection, url: str, prefix: str, name: str) -> None:
+    """A control's process: build the control, then tick as told (``conn``) until told to stop."""
+    store = Store(redis_from_settings({"REDIS_URL": url}), Keys(prefix))
+    m = Measured(make_control(store, ALLOCATIONS[name]()))
+    while (kind := conn.recv()) != "stop":
+        conn.send(m.summary() if kind == "summary" else m.tick(kind))
+    store.redis.close()
+
+
+class ControlProcess:
+    """The parent's handle on one control's process."""
+
+    def __init__(self, url: str, prefix: str, name: str) -> None:
+        self.conn, child = multiprocessing.Pipe()
+        self.proc = multiprocessing.get_context("spawn").Process(target=serve, args=(child, url, prefix, name),
+                                                                 daemon=True)
+        self.proc.start()
+
+    def __call__(self, kind: str) -> Any:
+        self.conn.send(kind)
+        return self.conn.recv()
+
+    def stop(self) -> None:
+        self.conn.send("stop")
+        self.proc.join(30)
 
 
 @dataclass
 class Deployment:
-    """One size under test: its own key prefix, nodes, and a control per allocation."""
+    """One size under test: its own key prefix, nodes, and a control process per allocation."""
 
     nodes_n: int
     n: int
@@ -240,74 +310,45 @@ class Deployment:
     fill_s: float
     bytes_waiting: int
     bytes_task: int
-    runs: dict[str, Measured]
+    controls: dict[str, ControlProcess]
 
 
-def setup(client: redis.Redis, nodes_n: int, n: int, site_list: list[tuple[str, int]]) -> Deployment:
+def setup(client: redis.Redis, url: str, nodes_n: int, n: int, site_list: list[tuple[str, int]]) -> Deployment:
     store = Store(client, Keys(f"{{bench-ctl-{nodes_n}-{n}}}"))
     fill_s, bytes_waiting, bytes_task = fill_waiting(store, n, site_list)
     nodes = register_nodes(store, nodes_n, site_list)
-    runs = {name: Measured(make_control(store, cls())) for name, cls in ALLOCATIONS.items()}
-    return Deployment(nodes_n, n, store, nodes, fill_s, bytes_waiting, bytes_task, runs)
+    controls = {name: ControlProcess(url, store.keys.prefix, name) for name in ALLOCATIONS}
+    return Deployment(nodes_n, n, store, nodes, fill_s, bytes_waiting, bytes_task, controls)
 
 
-def working_tick(d: Deployment, m: Measured, measured: bool) -> None:
-    take_all(d.store, d.nodes)
-    t0 = time.perf_counter()
-    r = m.control.tick()
-    ms = (time.perf_counter() - t0) * 1000
-    if measured:
-        m.work_ms.append(ms)
-        m.allocated.append(r.allocated)
-
-
-def idle_tick(m: Measured) -> None:
-    t0 = time.perf_counter()
-    r = m.control.tick()
-    m.idle_ms.append((time.perf_counter() - t0) * 1000)
-    assert r.allocated == 0, "an idle tick allocated"
-
-
-def profile_tick(d: Deployment, m: Measured) -> str:
-    take_all(d.store, d.nodes)
-    prof = cProfile.Profile()
-    prof.enable()
-    m.control.tick()
-    prof.disable()
-    buf = io.StringIO()
-    pstats.Stats(prof, stream=buf).sort_stats(PROFILE_SORT).print_stats(30)
-    return buf.getvalue()
-
-
-def run_size(client: redis.Redis, nodes_n: int, n: int, site_list: list[tuple[str, int]],
+def run_size(client: redis.Redis, url: str, nodes_n: int, n: int, site_list: list[tuple[str, int]],
              profile: bool) -> tuple[dict[str, Any], str]:
-    d = setup(client, nodes_n, n, site_list)
-    for i in range(WARM_TICKS + WORK_TICKS):
-        for m in d.runs.values():  # interleaved: both allocations see the same machine load
-            if i == WARM_TICKS:
-                _time_phase(m.control, "read", m.phases)
-                _time_phase(m.control.allocation, "allocate", m.phases)
-                _time_phase(m.control, "apply", m.phases)
-            working_tick(d, m, measured=i >= WARM_TICKS)
-    prof_text = "".join(f"--- {name}\n{profile_tick(d, m)}" for name, m in d.runs.items()) if profile else ""
-    take_all(d.store, d.nodes)
-    for m in d.runs.values():  # fill every slot once, then nothing changes
-        m.control.tick()
-    for _ in range(IDLE_TICKS):
-        for m in d.runs.values():
-            idle_tick(m)
-    result: dict[str, Any] = {"nodes": nodes_n, "waiting": n, "fill_s": round(d.fill_s, 2),
-                              "redis_bytes_per_waiting_subtask": round(d.bytes_waiting / n, 1),
-                              "redis_bytes_per_task_record": d.bytes_task, "target_ms": TARGETS_MS.get((nodes_n, n))}
-    for name, m in d.runs.items():
-        result[name] = {"tick_ms_median": round(statistics.median(m.work_ms), 1),
-                        "tick_ms_max": round(max(m.work_ms), 1),
-                        "allocated_per_tick": statistics.median(m.allocated),
-                        "read_ms_mean": round(m.phases["read"] * 1000 / WORK_TICKS, 1),
-                        "allocate_ms_mean": round(m.phases["allocate"] * 1000 / WORK_TICKS, 1),
-                        "apply_ms_mean": round(m.phases["apply"] * 1000 / WORK_TICKS, 1),
-                        "idle_tick_ms_median": round(statistics.median(m.idle_ms), 2),
-                        "estimate_reads_after_warm_up": m.control.estimates.reads}
+    d = setup(client, url, nodes_n, n, site_list)
+    try:
+        for i in range(WARM_TICKS + WORK_TICKS):
+            for control in d.controls.values():  # interleaved: both allocations see the same machine load
+                take_all(d.store, d.nodes)  # before each tick: every node takes what it was given
+                control("work" if i >= WARM_TICKS else "warm")
+        prof_text = ""
+        if profile:
+            for name, control in d.controls.items():
+                take_all(d.store, d.nodes)
+                prof_text += f"--- {name}\n{control('profile')}"
+        take_all(d.store, d.nodes)
+        for control in d.controls.values():  # fill every slot once, then nothing changes
+            control("fill")
+        for _ in range(IDLE_TICKS):
+            for control in d.controls.values():
+                control("idle")
+        result: dict[str, Any] = {"nodes": nodes_n, "waiting": n, "fill_s": round(d.fill_s, 2),
+                                  "redis_bytes_per_waiting_subtask": round(d.bytes_waiting / n, 1),
+                                  "redis_bytes_per_task_record": d.bytes_task,
+                                  "target_ms": TARGETS_MS.get((nodes_n, n))}
+        for name, control in d.controls.items():
+            result[name] = control("summary")
+    finally:
+        for control in d.controls.values():
+            control.stop()
     d.store.purge()
     return result, prof_text
 
@@ -329,7 +370,7 @@ def main() -> None:
             client = redis_from_settings({"REDIS_URL": url})
             client.config_set("appendonly", "no")  # the fill is not what is measured; AOF rewrites would be
             for i, (nodes_n, n) in enumerate(sizes):
-                r, prof = run_size(client, nodes_n, n, site_list, args.profile and i == len(sizes) - 1)
+                r, prof = run_size(client, url, nodes_n, n, site_list, args.profile and i == len(sizes) - 1)
                 runs.append(r)
                 if prof:
                     print(prof)

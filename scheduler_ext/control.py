@@ -29,15 +29,18 @@ Settings (through :class:`~scheduler_ext.config.Config`): ``SCHEDEXT_TICK_INTERV
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import json
 import logging
 import math
 import os
 import socket
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from functools import partial
+from types import MappingProxyType
 from typing import Any, Protocol
 
 import redis
@@ -93,22 +96,28 @@ class EstimateCache:
         self._site_sums.clear()
         self._group_sums.clear()
 
-    def refresh(self) -> None:
-        """Re-read the fields changed since the last refresh (``est:dirty``), for the hashes held."""
-        keys = self.store.keys
+    def changed(self, members: Iterable[str]) -> list[tuple[str, Any, str]]:
+        """The fields that ``est:dirty`` members name, of the hashes held, as (kind, site or (product, site),
+        node); the others are read whole when first needed."""
         fields: list[tuple[str, Any, str]] = []
-        for member in self.store.take_dirty_estimates():
+        for member in members:
             parts = member.split("|", 3)
             if len(parts) == 3 and parts[0] == "s" and parts[2] in self._sites:
                 fields.append(("s", parts[2], parts[1]))
             elif len(parts) == 4 and parts[0] == "g" and (parts[3], parts[2]) in self._groups:
                 fields.append(("g", (parts[3], parts[2]), parts[1]))
+        return fields
+
+    def queue_reads(self, fields: Sequence[tuple[str, Any, str]], pipe: Any) -> None:
+        """Queue on ``pipe`` the reads of these fields (their rows go to :meth:`update`, in order)."""
+        keys = self.store.keys
+        for kind, what, node in fields:
+            pipe.hget(keys.est_site(what) if kind == "s" else keys.est_group_site(*what), node)
+
+    def update(self, fields: Sequence[tuple[str, Any, str]], rows: Sequence[str | None]) -> None:
+        """Take in the fields :meth:`changed` named, as read again (``rows``, in the same order)."""
         if not fields:
             return
-        with self.store.redis.pipeline(transaction=False) as pipe:
-            for kind, what, node in fields:
-                pipe.hget(keys.est_site(what) if kind == "s" else keys.est_group_site(*what), node)
-            rows = pipe.execute()
         self.reads += len(fields)
         # Copy on write: a changed site gets a new mapping, which is how allocation knows to re-rank its nodes.
         sites = {what: dict(self._sites[what]) for kind, what, _ in fields if kind == "s"}
@@ -190,10 +199,14 @@ class EstimateCache:
             self.prefetch([site], [])
         return self._site_sums.setdefault(site, {})
 
-    def group_sums(self, group: str, site: str) -> dict[str, Sums]:
-        if (group, site) not in self._groups:
-            self.prefetch([], [(group, site)])
-        return self._group_sums.setdefault((group, site), {})
+    def group_sums(self, group: str, site: str) -> Mapping[str, Sums]:
+        key = (group, site)
+        if key not in self._groups:
+            self.prefetch([], [key])
+        return self._group_sums.get(key, _NO_SUMS)  # most products have none: no empty dict kept for each
+
+
+_NO_SUMS: Mapping[str, Sums] = MappingProxyType({})
 
 
 def _sums(entry: dict[str, Any] | None) -> Sums | None:
@@ -763,6 +776,25 @@ class _Decider:
 
 
 # --- the tick -----------------------------------------------------------------------------------------------------
+@contextlib.contextmanager
+def _collector_paused() -> Iterator[None]:
+    """Python's cyclic garbage collector paused for the span of a tick (resumed after, unless it was off).
+
+    A working tick at 1,000 nodes allocates some 100,000 container objects (records, views, decisions) that live
+    until it ends. At the collector's young-generation threshold (700 allocations) most of them would be promoted
+    to the oldest generation before they die, and the full collections that this brings on every few ticks scan
+    everything the control holds (its estimates: 50 to 150 ms each at 1,000 nodes x 35 sites). Paused, the
+    tick's objects die young (reference counting frees them), and only what outlives the tick is ever examined;
+    what it leaves in reference cycles is collected after it, as usual."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
 @dataclass
 class TickResult:
     leader: bool
@@ -801,6 +833,9 @@ class Control:
                                      max_split=max_split)
         self.estimates = EstimateCache(store)  # kept across ticks; only changed estimates are re-read
         self._window: dict[str, tuple[str | None, Subtask | None]] = {}  # last tick's window: id -> record, decoded
+        self._slots: dict[str, int] = {}  # last tick's live nodes -> crawl-queue slots (what the next one asks)
+        self._free = 0  # last tick's free slots
+        self._registry: dict[str, tuple[str | None, NodeView | None, int]] = {}  # node -> entry, view, slots
         self.now = 0.0  # Redis time at the start of the current tick
         self.is_leader = False
 
@@ -835,8 +870,9 @@ class Control:
             self._window = {}
         if not leader:
             return TickResult(False)
-        snapshot = self.read()
-        return self.apply(decide(snapshot, self.strategies, snapshot.now))
+        with _collector_paused():
+            snapshot = self.read()
+            return self.apply(decide(snapshot, self.strategies, snapshot.now))
 
     def forget(self) -> None:
         """Drop what this control holds in memory (after a Redis error: the server may have restarted older)."""
@@ -852,58 +888,96 @@ class Control:
 
     # --- read -----------------------------------------------------------------------------------------------------
     def read(self) -> Snapshot:
-        """Everything one tick needs, read before any decision (a Redis error here means no decision at all)."""
+        """Everything one tick needs, read before any decision (a Redis error here means no decision at all).
+
+        Two round trips as a rule: the snapshot script (lua/snapshot.lua: the time, the inputs, deadlines, nodes,
+        the first ids of ``waiting``, the changed estimates), then one pipeline for the records those name that
+        this control does not hold yet. More only when the cluster changed: nodes that joined since the last tick,
+        many more free slots than at the last tick (a larger window), (product, site) pairs never seen (one
+        ``SMISMEMBER``), estimates of a new site or product.
+        """
         k, r, store, batch = self.keys, self.store.redis, self.store, self.batch
-        now = self.now = store.now()  # one Redis time per tick: the time stamps of its decisions
-        self.estimates.refresh()
-        snap = Snapshot(keys=k, now=now, estimates=self.estimates, ids=StoreIds(store))
-        for name in ("virtual", "reports", "failures"):
-            key = {"virtual": k.virtual, "reports": k.sleeping, "failures": k.failed}[name]
-            entries = [Entry(key, raw, size, sha1) for raw, size, sha1 in
-                       store.peek(key, batch, self.max_entry_bytes)]
-            setattr(snap, name, entries)
-        task_ids = {tid for e in (*snap.reports, *snap.failures) if (tid := _task_id(e))}
-        lapsed = r.zrangebyscore(k.leases, "-inf", now, start=0, num=batch)
-        stale = r.zrangebyscore(k.queued, "-inf", now - self.recall_age, start=0, num=batch)
-        silent = r.zrangebyscore(k.node_seen, "-inf", now - self.node_timeout, start=0, num=batch)
-        live = r.zrangebyscore(k.node_seen, now - self.node_timeout, "+inf")
-        tids = sorted(task_ids)
+        slots = self._slots  # the nodes live at the last tick -> their crawl-queue slots
+        # The window to read with the snapshot, before the free slots are known: about the last tick's free slots
+        # (a busy cluster frees a few per tick), never more than all the slots; one more round trip if short.
+        guess = min(sum(slots.values()), self._free + max(16, self._free // 8))
+        asked = self.strategies.window(guess) if slots else 0
+        t = store.snapshot(batch=batch, max_bytes=self.max_entry_bytes, recall_age=self.recall_age,
+                           node_timeout=self.node_timeout, window=asked, nodes=list(slots))
+        now = self.now = t.now  # one Redis time per tick: the time stamps of its decisions
+        snap = Snapshot(keys=k, now=now, estimates=self.estimates, ids=StoreIds(store),
+                        virtual=[Entry(k.virtual, *e) for e in t.virtual],
+                        reports=[Entry(k.sleeping, *e) for e in t.sleeping],
+                        failures=[Entry(k.failed, *e) for e in t.failed])
+        entries = t.entries
+        joined = [nid for nid in t.live if nid not in entries]
+        if joined:
+            entries.update(zip(joined, store.node_entries(joined), strict=True))
+        snap.nodes = self._views(t.live, entries)
+        total_free = self._free = sum(n.free for n in snap.nodes)
+        size = self.strategies.window(total_free) if total_free else 0
+        ids = t.window[:size]
+        if len(ids) < size and len(t.window) == asked:  # more slots free than guessed: read the whole window
+            ids = r.zrange(k.waiting, 0, size - 1)
+        tids = sorted({tid for e in (*snap.reports, *snap.failures) if (tid := _task_id(e))})
+        new = [sid for sid in ids if sid not in self._window]
+        fields = self.estimates.changed(t.dirty)
         with r.pipeline(transaction=False) as pipe:
-            for key, fields in ((k.tasks, tids), (k.lease_info, lapsed), (k.subtasks, lapsed), (k.subtasks, stale)):
-                pipe.hmget(key, fields or ["-"])  # HMGET needs a field; "-" is never an id
-            for node in silent:
+            for key, names in ((k.tasks, tids), (k.lease_info, t.lapsed), (k.subtasks, t.lapsed),
+                               (k.subtasks, t.stale), (k.subtasks, new)):
+                pipe.hmget(key, names or ["-"])  # HMGET needs a field; "-" is never an id
+            for node in t.silent:
                 pipe.lrange(k.crawl(node), -batch, -1)
+            self.estimates.queue_reads(fields, pipe)
             rows = pipe.execute()
-        tasks, leases, leased, stale_raw = rows[:4]
-        silent_queues = rows[4:]
+        tasks, leases, leased, stale_raw, records = rows[:5]
+        silent_queues = rows[5:5 + len(t.silent)]
+        self.estimates.update(fields, rows[5 + len(t.silent):])
         snap.tasks = dict(zip(tids, tasks, strict=False))
-        snap.lapsed = [LapsedLease(sid, lease, st) for sid, lease, st in zip(lapsed, leases, leased, strict=False)]
-        snap.stale = list(zip(stale, stale_raw, strict=False))
+        snap.lapsed = [LapsedLease(sid, lease, st) for sid, lease, st in zip(t.lapsed, leases, leased, strict=False)]
+        snap.stale = list(zip(t.stale, stale_raw, strict=False))
         snap.silent = [SilentNode(node, now - self.node_timeout, list(reversed(queue)))
-                       for node, queue in zip(silent, silent_queues, strict=True)]
-        snap.nodes = [view for nid, (raw, queued) in zip(live, store.node_entries(live), strict=True)
-                      if (view := node_view(nid, raw, queued)) is not None]
-        total_free = sum(n.free for n in snap.nodes)
+                       for node, queue in zip(t.silent, silent_queues, strict=True)]
         if total_free:
-            ids = r.zrange(k.waiting, 0, self.strategies.window(total_free) - 1)
-            snap.waiting, snap.parsed = self._read_window(ids)
-            pairs = {(st.group, st.site) for st in snap.parsed.values()}
-            self.estimates.prefetch({site for _, site in pairs}, pairs)  # what allocation will ask for
+            snap.waiting, snap.parsed = self._read_window(ids, dict(zip(new, records, strict=False)))
+            # What allocation will ask for, of the subtasks new to the window (the others' were read with them).
+            pairs = {(st.group, st.site) for sid in new if (st := self._window[sid][1]) is not None}
+            self.estimates.prefetch({site for _, site in pairs}, pairs)
         return snap
 
-    def _read_window(self, ids: list[str]) -> tuple[list[tuple[str, str | None]], dict[str, Subtask]]:
-        """The records of the waiting window, decoded. Only ids new to the window are read and decoded: while an
-        id stays in ``waiting`` its record does not change (a subtask's record is rewritten only on its way into
-        ``waiting``), so the window costs what changed, not its size. decide judges, and dead-letters, bad ones."""
+    def _views(self, live: list[str], entries: dict[str, tuple[str | None, int]]) -> list[NodeView]:
+        """The live nodes as allocation sees them (:func:`node_view`). A registry entry that did not change since
+        the last tick is not decoded again: its view is kept, with this tick's free slots; ``_slots`` keeps each
+        node's crawl-queue slots for the next read."""
+        kept: dict[str, tuple[str | None, NodeView | None, int]] = {}
+        views: list[NodeView] = []
+        for nid in live:
+            raw, queued = entries[nid]
+            hit = self._registry.get(nid)
+            if hit is None or hit[0] != raw:
+                view = node_view(nid, raw, 0)  # its free slots are all its slots
+                hit = (raw, view, 0 if view is None else view.free)
+            kept[nid] = hit
+            if hit[1] is not None:
+                hit[1].free = max(0, hit[2] - queued)
+                views.append(hit[1])
+        self._registry = kept
+        self._slots = {nid: slots for nid, (_, _, slots) in kept.items()}
+        return views
+
+    def _read_window(self, ids: list[str], fresh: dict[str, str | None]
+                     ) -> tuple[list[tuple[str, str | None]], dict[str, Subtask]]:
+        """The records of the waiting window, decoded: those of the ids new to the window are ``fresh`` (read by
+        this tick's pipeline), the others kept from the last tick: while an id stays in ``waiting`` its record does not
+        change (a subtask's record is rewritten only on its way into ``waiting``), so the window costs what
+        changed, not its size. decide judges, and dead-letters, bad ones."""
         known = self._window
-        new = [sid for sid in ids if sid not in known]
-        fresh = dict(zip(new, self.store.redis.hmget(self.keys.subtasks, new), strict=True)) if new else {}
         window: dict[str, tuple[str | None, Subtask | None]] = {}
         for sid in ids:
             if sid in known:
                 window[sid] = known[sid]
                 continue
-            raw, st = fresh[sid], None
+            raw, st = fresh.get(sid), None
             if raw is not None:
                 try:
                     st = Subtask.from_json(raw)
@@ -913,13 +987,6 @@ class Control:
         self._window = window
         return [(sid, raw) for sid, (raw, _) in window.items()], \
             {raw: st for raw, st in window.values() if raw is not None and st is not None}
-
-    def live_nodes(self, now: float) -> list[NodeView]:
-        """The nodes that heartbeat within the node timeout, with their free crawl-queue slots."""
-        k, r = self.keys, self.store.redis
-        ids = r.zrangebyscore(k.node_seen, now - self.node_timeout, "+inf")
-        return [view for nid, (raw, queued) in zip(ids, self.store.node_entries(ids), strict=True)
-                if (view := node_view(nid, raw, queued)) is not None]
 
     # --- apply ----------------------------------------------------------------------------------------------------
     def apply(self, decisions: Sequence[Decision]) -> TickResult:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from importlib import resources
 from typing import Any
 
@@ -21,7 +22,7 @@ import redis
 
 from .keys import Keys
 
-SCRIPTS = ("take", "heartbeat", "finish", "release", "commit", "lead", "resign", "peek", "nodes")
+SCRIPTS = ("take", "heartbeat", "finish", "release", "commit", "lead", "resign", "snapshot", "nodes")
 _INCLUDE = re.compile(r"^--@include (\w+)$", re.MULTILINE)
 
 
@@ -147,6 +148,26 @@ def _tolerant(client: redis.Redis) -> redis.Redis:
     return redis.Redis(connection_pool=sibling)
 
 
+@dataclass(frozen=True)
+class TickRead:
+    """What :meth:`Store.snapshot` read (lua/snapshot.lua): the server time; the oldest entries of ``virtual``,
+    ``sleeping`` and ``failed`` as (raw, size, sha1), raw cut and sha1 set if the entry was too long; the ids of
+    lapsed leases and stale crawl-queue entries; silent and live nodes; (registry JSON or None, crawl-queue
+    length) of each node asked about; the first ids of ``waiting``; the ``est:dirty`` members popped."""
+
+    now: float
+    virtual: list[tuple[str, int, str]]
+    sleeping: list[tuple[str, int, str]]
+    failed: list[tuple[str, int, str]]
+    lapsed: list[str]
+    stale: list[str]
+    silent: list[str]
+    live: list[str]
+    entries: dict[str, tuple[str | None, int]]
+    window: list[str]
+    dirty: list[str]
+
+
 class Store:
     """The atomic operations on one deployment's scheduling state (one key prefix)."""
 
@@ -157,7 +178,7 @@ class Store:
         scripts = {name: self.redis.register_script(load_script(name)) for name in SCRIPTS}
         self._take, self._heartbeat, self._finish = scripts["take"], scripts["heartbeat"], scripts["finish"]
         self._release, self._commit = scripts["release"], scripts["commit"]
-        self._lead, self._resign, self._peek = scripts["lead"], scripts["resign"], scripts["peek"]
+        self._lead, self._resign, self._snapshot = scripts["lead"], scripts["resign"], scripts["snapshot"]
         self._nodes = scripts["nodes"]
 
     def now(self) -> float:
@@ -222,15 +243,29 @@ class Store:
             pipe.execute()
 
     # --- control side -----------------------------------------------------------------------------------------
-    def peek(self, key: str, count: int, max_bytes: int, show_bytes: int = 2000,
-             budget: int = 8_000_000) -> list[tuple[str, int, str]]:
-        """The oldest ``count`` entries of input list ``key`` as (raw, size, sha1), oldest first, not removed.
+    def snapshot(self, *, batch: int, max_bytes: int, recall_age: float, node_timeout: float, window: int,
+                 nodes: Sequence[str], dirty_limit: int = 100_000, show_bytes: int = 2000,
+                 budget: int = 8_000_000) -> TickRead:
+        """What a control tick reads first, in one script call (lua/snapshot.lua): see :class:`TickRead`.
 
-        An entry longer than ``max_bytes`` comes back cut to ``show_bytes`` with its SHA-1 (else sha1 is ``''``);
-        reading stops after ``budget`` bytes (at least one entry).
+        ``nodes``: the nodes expected to be live, whose registry entries and crawl-queue lengths come along;
+        ``window``: how many ids of ``waiting`` to return. Pops up to ``dirty_limit`` members of ``est:dirty``.
         """
-        flat = self._peek(keys=[key], args=[count, max_bytes, show_bytes, budget])
-        return [(flat[i], int(flat[i + 1]), flat[i + 2]) for i in range(0, len(flat), 3)]
+        k = self.keys
+        res = self._snapshot(
+            keys=[k.virtual, k.sleeping, k.failed, k.leases, k.queued, k.node_seen, k.nodes, k.waiting, k.est_dirty,
+                  *(k.crawl(n) for n in nodes)],
+            args=[batch, max_bytes, show_bytes, budget, recall_age, node_timeout, window, dirty_limit, *nodes])
+        (sec, usec), virtual, sleeping, failed, lapsed, stale, silent, live, entries, waiting, dirty = res
+
+        def listed(flat: list[Any]) -> list[tuple[str, int, str]]:
+            return [(flat[i], int(flat[i + 1]), flat[i + 2]) for i in range(0, len(flat), 3)]
+
+        return TickRead(now=float(sec) + int(usec) / 1e6, virtual=listed(virtual), sleeping=listed(sleeping),
+                        failed=listed(failed), lapsed=lapsed, stale=stale, silent=silent, live=live,
+                        entries={n: (raw or None, int(queued)) for n, (raw, queued) in
+                                 zip(nodes, json.loads(entries) or [], strict=True)},
+                        window=list(json.loads(waiting) or []), dirty=dirty or [])
 
     def node_entries(self, nodes: Sequence[str]) -> list[tuple[str | None, int]]:
         """(registry JSON or None, crawl-queue length) of each node, in one script call."""
@@ -243,10 +278,6 @@ class Store:
         """``n`` fresh ids (task, subtask and dead-letter ids) from the ``seq`` counter."""
         last = int(self.redis.incrby(self.keys.seq, n))
         return [str(i) for i in range(last - n + 1, last + 1)]
-
-    def take_dirty_estimates(self, limit: int = 100_000) -> list[str]:
-        """Take (remove and return) up to ``limit`` members of ``est:dirty``: the estimates changed meanwhile."""
-        return list(self.redis.spop(self.keys.est_dirty, limit) or [])
 
     def report_control(self, control_id: str, info: dict[str, Any]) -> None:
         """Record a control's last tick in ``controls`` (what ``scrapy status`` shows of the controls)."""

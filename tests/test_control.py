@@ -5,6 +5,7 @@ Nodes are played by the store's own node operations (take, finish, heartbeat), s
 
 from __future__ import annotations
 
+import hashlib
 import json
 from typing import Any
 
@@ -329,3 +330,39 @@ def test_estimates_are_kept_across_ticks_and_only_changed_fields_are_read_again(
     control.is_leader = False  # as after losing the lead: the next tick starts afresh
     control.tick()
     assert control.estimates.completion("a.com", "n1") == c
+
+
+def test_snapshot_reads_what_a_tick_needs_in_one_call(store: Store) -> None:
+    k, r, now = store.keys, store.redis, store.now()
+    big = "x" * 100
+    r.lpush(k.virtual, "old", big, "new")  # the tail is the oldest
+    r.zadd(k.leases, {"lapsed": now - 1, "running": now + 60})
+    r.zadd(k.queued, {"stale": now - 120, "fresh": now})
+    r.zadd(k.node_seen, {"silent": now - 100, "n1": now})
+    r.hset(k.nodes, "n1", json.dumps(NODE_INFO))
+    r.lpush(k.crawl("n1"), "a", "b")
+    r.zadd(k.waiting, {"w1": 1, "w2": 2, "w3": 3})
+    r.sadd(k.est_dirty, "s|n1|a.com", "g|n1|a.com|p")
+    t = store.snapshot(batch=10, max_bytes=50, recall_age=60, node_timeout=30, window=2, nodes=["n1", "gone"])
+    assert now <= t.now <= store.now()
+    assert [raw for raw, _, _ in t.virtual] == ["old", big[:2000], "new"] and t.sleeping == t.failed == []
+    assert t.virtual[1][1:] == (100, hashlib.sha1(big.encode()).hexdigest())  # over max_bytes: size and SHA-1
+    assert (t.lapsed, t.stale, t.silent, t.live) == (["lapsed"], ["stale"], ["silent"], ["n1"])
+    assert t.entries == {"n1": (json.dumps(NODE_INFO), 2), "gone": (None, 0)}
+    assert t.window == ["w1", "w2"]
+    assert sorted(t.dirty) == ["g|n1|a.com|p", "s|n1|a.com"] and r.scard(k.est_dirty) == 0
+
+
+def test_a_node_that_joins_fills_its_slots_in_its_first_tick(store: Store) -> None:
+    k, r = store.keys, store.redis
+    for i in range(100):
+        st = Subtask(id=f"w{i:03d}", task=f"t{i}", site="a.com", first_page=0, page_limit=3, time_limit=20.0,
+                     priority=float(i))
+        r.hset(k.subtasks, st.id, st.to_json())
+        r.zadd(k.waiting, {st.id: st.priority})
+    store.heartbeat("n1", NODE_INFO, 30, [])
+    control = make_control(store)
+    assert control.tick().allocated == 1
+    store.heartbeat("n2", {**NODE_INFO, "prefetch": 40}, 30, [])  # far more free slots than the last tick had
+    assert control.tick().allocated == 40
+    assert r.llen(k.crawl("n2")) == 40 and r.zcard(k.waiting) == 59

