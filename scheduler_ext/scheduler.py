@@ -434,7 +434,9 @@ class SubtaskScheduler:
         ended = a.started + (time.monotonic() - a.started_local)
         report = Report(subtask=st, node=self.node_id, outcome=outcome, reason=a.failure, reported=a.reported,
                         offered=a.offered, collected=a.collected, pages=len(a.pages_done), next_page=next_page,
-                        exhausted=exhausted, total_pages=a.total_pages, started=a.started, ended=ended)
+                        exhausted=exhausted, total_pages=a.total_pages, started=a.started, ended=ended,
+                        attempted=len(a.pages_done) + a.blocked + a.failed + a.cut, blocked=a.blocked,
+                        failed=a.failed)
         self._finish(report, a.token)
 
     def _finish(self, report: Report, token: str) -> None:
@@ -458,7 +460,7 @@ class SubtaskScheduler:
         r, st = f.report, f.report.subtask
         return self.store.finish(sid, f.token, r.to_json(), node=self.node_id, site=st.site, group=st.group,
                                  offered=r.offered, collected=r.collected, pages=r.pages, seconds=r.seconds,
-                                 ok=r.ok, alpha=self.alpha, runs_maxlen=self.runs_maxlen)
+                                 ok=r.ok, alpha=self.alpha, runs_maxlen=self.runs_maxlen, attempted=r.charged)
 
     def _sent(self, sid: str, f: _Finish, accepted: bool) -> None:
         self._sending = None

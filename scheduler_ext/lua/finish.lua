@@ -30,6 +30,8 @@ finish: end a leased subtask: run record, aggregates, moving estimates, report. 
   ARGV[11] ok          1 done or timeout, 0 failed
   ARGV[12] group       product
   ARGV[13] node        node id
+  ARGV[14] attempted   pages attempted, as the bandit's sums charge them (the report's ``charged``: pages crawled,
+                       blocked, failed and cut short by the time limit)
 
 Returns 1 if finished, 0 if the lease is gone or holds another token (counted as stale_finish on the node).
 ]]
@@ -42,7 +44,7 @@ local estDirtyKey, estGroupsKey = KEYS[14], KEYS[15]
 local id, token, report, runsMaxlen, alpha = ARGV[1], ARGV[2], ARGV[3], ARGV[4], tonumber(ARGV[5])
 local pair, offered, collected = ARGV[6], tonumber(ARGV[7]), tonumber(ARGV[8])
 local pages, seconds, ok = tonumber(ARGV[9]), tonumber(ARGV[10]), ARGV[11] == '1'
-local group, node = ARGV[12], ARGV[13]
+local group, node, attempted = ARGV[12], ARGV[13], tonumber(ARGV[14])
 
 local raw = redis.call('HGET', leaseInfoKey, id)
 local decoded, lease = pcall(cjson.decode, raw or '')
@@ -67,11 +69,10 @@ end
 -- The moving estimates (recent runs weigh more): one hash per site and one per (product, site), a field per
 -- node, so that the control reads every node's figures for a site in one command.
 local function ewma(old, x) if old then return old + alpha * (x - old) end return x end
--- The bandit's sums (scheduler_ext/strategies/posterior.py, update_sums, does the same): pages attempted (the page
--- that failed a run included), page-equivalents collected, seconds of every outcome, runs; older runs weigh
--- (1 - alpha) less with each new run.
+-- The bandit's sums (scheduler_ext/strategies/posterior.py, update_sums, does the same): pages attempted (every
+-- blocked, failed or cut page included), page-equivalents collected, seconds of every outcome, runs; older runs
+-- weigh (1 - alpha) less with each new run.
 local keep = 1 - alpha
-local attempted = pages + (ok and 0 or 1)
 local got = 0
 if pages > 0 and offered > 0 then got = pages * math.min(1, collected / offered)
 elseif pages > 0 and collected > 0 then got = pages end

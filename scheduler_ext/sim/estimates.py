@@ -28,8 +28,9 @@ def _ewma(old: float | None, x: float, alpha: float) -> float:
 
 
 def updated(e: Entry | None, *, offered: int, collected: int, pages: int, seconds: float, ok: bool, alpha: float,
-            now: float, with_completion: bool) -> Entry:
-    """The entry after one finished run, as ``finish.lua`` computes it."""
+            now: float, with_completion: bool, attempted: int | None = None) -> Entry:
+    """The entry after one finished run, as ``finish.lua`` computes it (``attempted``: ``Report.charged``, by
+    default the pages plus the one that failed the run, as ``Store.finish``)."""
     e = e or Entry()
     c = e.c
     if with_completion:
@@ -38,7 +39,8 @@ def updated(e: Entry | None, *, offered: int, collected: int, pages: int, second
         elif not ok:
             c = _ewma(c, 0.0, alpha)
     spp = _ewma(e.spp, seconds / pages, alpha) if ok and pages > 0 else e.spp
-    sums = update_sums(e.sums, pages_done=pages, failed_pages=0 if ok else 1, offered=offered, collected=collected,
+    failed = (0 if ok else 1) if attempted is None else attempted - pages
+    sums = update_sums(e.sums, pages_done=pages, failed_pages=failed, offered=offered, collected=collected,
                        seconds=seconds, alpha=alpha, now=now)
     return replace(e, c=c, spp=spp, runs=e.runs + 1, last=now, sums=sums)
 
@@ -54,11 +56,11 @@ class MemoryEstimates:
         self._group_sums: dict[tuple[str, str], dict[str, Sums]] = {}
 
     def finish(self, *, site: str, group: str, node: str, offered: int, collected: int, pages: int,
-               seconds: float, ok: bool, now: float) -> None:
+               seconds: float, ok: bool, now: float, attempted: int | None = None) -> None:
         def update(entries: dict[str, Entry], sums: dict[str, Sums], with_completion: bool) -> None:
             e = entries[node] = updated(entries.get(node), offered=offered, collected=collected, pages=pages,
                                         seconds=seconds, ok=ok, alpha=self.alpha, now=now,
-                                        with_completion=with_completion)
+                                        with_completion=with_completion, attempted=attempted)
             assert e.sums is not None  # updated() always sets them
             sums[node] = e.sums
 

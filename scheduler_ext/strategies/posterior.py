@@ -6,9 +6,10 @@ BanditAllocation` (which reads them) and by the simulator (scheduler_ext/sim), s
 
 The model (docs/strategies.md, "The bandit model", gives the derivation):
 
-* Every run of a subtask is charged in *pages attempted*: the pages it crawled plus the page that failed it (an
-  HTTP error, a captcha page, a download error). A timed-out run is charged its time but not the pages it never
-  started.
+* Every run of a subtask is charged in *pages attempted*: the pages it crawled plus every page that gave nothing
+  (a captcha page, an HTTP or download error, a download cut short by the time limit), the pages in flight when the
+  first one failed included: the node reports them all (``Report.attempted``, ``blocked``, ``failed``). Pages never
+  started are not charged; the run's time is, whatever its outcome.
 * ``got``: the page-equivalents of results it collected, ``pages_done x collected / offered`` (a page that
   served 9 of its 10 results counts 0.9). A failed or blocked page counts 0 here and 1 in ``pages``: it was
   offered and nothing was collected. That is what the paper's completion leaves out.
@@ -114,7 +115,9 @@ def changed(old: Sums, attempted: float, got: float) -> bool:
 def update_sums(old: Sums | None, *, pages_done: int, failed_pages: int, offered: int, collected: int,
                 seconds: float, alpha: float, now: float = 0.0) -> Sums:
     """The sums after one more run (the finish script's Lua does exactly this): older runs weigh ``1 - alpha``
-    less, unless the run is a change point (:func:`changed`), which starts the sums afresh from it."""
+    less, unless the run is a change point (:func:`changed`), which starts the sums afresh from it.
+
+    ``failed_pages``: the pages attempted that gave nothing (``Report.charged - pages``)."""
     attempted = pages_done + failed_pages
     got = page_equivalents(pages_done, offered, collected)
     o = old or Sums()
