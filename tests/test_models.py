@@ -278,7 +278,8 @@ def test_report_missing_required_field_is_invalid_input(missing: str) -> None:
 @pytest.mark.parametrize(("fields", "match"), [
     ({"blocked": -2}, "field 'blocked': expected an integer >= 0, got -2"),
     ({"failed": "3"}, "field 'failed': expected an integer >= 0"),
-    ({"attempted": 2, "pages": 2, "blocked": 1}, r"field 'attempted': expected at least pages \+ blocked \+ failed \(3\)"),
+    ({"attempted": 2, "pages": 2, "blocked": 1},
+     r"field 'attempted': expected at least pages \+ blocked \+ failed \(3\)"),
 ])
 def test_report_page_counts_are_validated(fields: dict[str, Any], match: str) -> None:
     obj = {**Report(subtask=_subtask(), node="n2", outcome="failed").to_dict(), **fields}

@@ -55,7 +55,6 @@ from .engine import NodeModel, SimNode
 from .world import PAGE_SIZE, Behaviour, World
 
 
-
 @dataclass(frozen=True)
 class Machine:
     """A machine every node of a run shares with the web server and the storage: ``cores``, and the CPU seconds
