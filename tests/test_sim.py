@@ -43,7 +43,7 @@ RUNS = [  # offered, collected, pages, seconds, ok, attempted: good runs, a capt
 
 def test_memory_estimates_match_the_finish_script(store: Store) -> None:
     k = store.keys
-    mem = MemoryEstimates(alpha=0.3)
+    mem = MemoryEstimates(alpha=0.3, fail_cost=1.0)
     for i, (offered, collected, pages, seconds, ok, attempted) in enumerate(RUNS):
         st = Subtask(id=f"s{i}", task="t", site="a.com", group="milk", first_page=0, page_limit=10, time_limit=30)
         store.redis.lpush(k.crawl("n1"), st.to_json())
@@ -53,7 +53,7 @@ def test_memory_estimates_match_the_finish_script(store: Store) -> None:
                         collected=collected, pages=pages)
         assert store.finish(st.id, taken[1], report.to_json(), node="n1", site="a.com", group="milk",
                             offered=offered, collected=collected, pages=pages, seconds=seconds, ok=ok, alpha=0.3,
-                            runs_maxlen=100, attempted=attempted)
+                            runs_maxlen=100, attempted=attempted, fail_cost=1.0)
         mem.finish(site="a.com", group="milk", node="n1", offered=offered, collected=collected, pages=pages,
                    seconds=seconds, ok=ok, now=0.0, attempted=attempted)
         lua = json.loads(store.redis.hget(k.est_site("a.com"), "n1"))
