@@ -55,12 +55,12 @@ def test_memory_estimates_match_the_finish_script(store: Store) -> None:
                             offered=offered, collected=collected, pages=pages, seconds=seconds, ok=ok, alpha=0.3,
                             runs_maxlen=100, attempted=attempted, fail_cost=1.0)
         mem.finish(site="a.com", group="milk", node="n1", offered=offered, collected=collected, pages=pages,
-                   seconds=seconds, ok=ok, now=0.0, attempted=attempted)
+                   seconds=seconds, ok=ok, now=float(i + 1), attempted=attempted)
         lua = json.loads(store.redis.hget(k.est_site("a.com"), "n1"))
         py = mem.sites["a.com"]["n1"]
         assert py.sums is not None
-        assert (lua["n"], lua["pg"], lua["got"], lua["sec"]) == pytest.approx(
-            (py.sums.n, py.sums.pages, py.sums.got, py.sums.sec)), f"after run {i}"
+        assert (lua["n"], lua["pg"], lua["got"], lua["sec"], lua.get("cp", 0.0) > 0) == pytest.approx(
+            (py.sums.n, py.sums.pages, py.sums.got, py.sums.sec, py.sums.cp > 0)), f"after run {i}"
         assert (lua.get("c"), lua.get("spp"), lua["runs"]) == pytest.approx((py.c, py.spp, py.runs))
         group = json.loads(store.redis.hget(k.est_group_site("milk", "a.com"), "n1"))
         assert group["pg"] == pytest.approx(mem.groups[("milk", "a.com")]["n1"].sums.pages)  # type: ignore[union-attr]

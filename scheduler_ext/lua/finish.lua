@@ -86,7 +86,9 @@ local function sums(e)
     local share = math.min(0.98, math.max(0.02, (gt + 0.5) / (pg + 1)))
     if math.abs(got - attempted * share) > 3 * math.sqrt(attempted * share * (1 - share)) then
       k = 0
-      e.cp = now  -- the time of the pair's last change point: the bandit re-examines the site's other pairs
+      -- A change of treatment (the run's share 0.5 or more from the pair's, CHANGE_SHIFT): its time, so that the
+      -- bandit re-examines the site's other pairs.
+      if math.abs(got / attempted - (gt + 0.5) / (pg + 1)) >= 0.5 then e.cp = now end
     end
   end
   e.n = k * n + 1

@@ -52,6 +52,10 @@ PRIOR_WEIGHT = 1.0
 #: is a change point: the sums restart from it instead of averaging it in.
 CHANGE_Z = 3.0
 CHANGE_PAGES = 3
+#: A change point whose run's share is at least this far from the share before it is a change of the site's
+#: treatment (suited to unsuited or back), recorded in ``Sums.cp``; the bandit then re-examines the site's other pairs.
+#: Smaller ones (a captcha-heavy pair's runs vary between 0 and 0.6) only restart the pair's own sums.
+CHANGE_SHIFT = 0.5
 
 
 @dataclass(frozen=True)
@@ -129,10 +133,11 @@ def update_sums(old: Sums | None, *, pages_done: int, failed_pages: int, offered
     got = page_equivalents(pages_done, offered, collected)
     o = old or Sums()
     change = changed(o, attempted, got)
+    shift = change and abs(got / attempted - (o.got + 0.5) / (o.pages + 1.0)) >= CHANGE_SHIFT
     keep = 0.0 if change else 1.0 - alpha
     return Sums(n=keep * o.n + 1.0, pages=keep * o.pages + attempted, got=keep * o.got + got,
                 sec=keep * o.sec + max(0.0, seconds) + (fail_cost if failed else 0.0), t=now,
-                cp=now if change else o.cp)
+                cp=now if shift else o.cp)
 
 
 @dataclass(frozen=True)
