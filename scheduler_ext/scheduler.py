@@ -136,7 +136,7 @@ class SubtaskScheduler:
         self.lease_ttl = lease_ttl
         self.grace = grace
         self.alpha = alpha
-        self.fail_cost = fail_cost  # seconds a failed run costs its task beyond its own (the recall: two control ticks)
+        self.fail_cost = fail_cost  # seconds a failed run costs its task beyond its own (the recall: 1.5 ticks)
         self.runs_maxlen = runs_maxlen
         self.take_batch = take_batch
         self.stats = crawler.stats
@@ -180,7 +180,7 @@ class SubtaskScheduler:
             heartbeat_interval=c.heartbeat_interval, refill_interval=c.refill_interval, idle_close=c.idle_close,
             lease_ttl=c.lease_ttl, grace=c.lease_grace, alpha=c.estimate_alpha, runs_maxlen=c.runs_maxlen,
             take_batch=c.take_batch, limits=limits, backoff_max=c.backoff_max,
-            fail_cost=2 * c.tick_interval)
+            fail_cost=1.5 * c.tick_interval)
 
     # --- Scrapy's scheduler interface -----------------------------------------------------------------------
     def open(self, spider: Spider) -> None:

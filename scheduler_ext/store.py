@@ -191,7 +191,7 @@ class Store:
 
         ``attempted``: pages attempted, as the estimates charge them (``Report.charged``); by default the pages
         crawled, plus the one that failed the run if it failed. ``fail_cost``: seconds the bandit's sums charge a
-        failed run beyond its own (twice ``SCHEDEXT_TICK_INTERVAL``: the recall; ``posterior.update_sums``)."""
+        failed run beyond its own (1.5 x ``SCHEDEXT_TICK_INTERVAL``: the recall; ``posterior.update_sums``)."""
         k = self.keys
         out = k.sleeping if ok else k.failed
         keys = [k.leases, k.lease_info, k.subtasks, out, k.runs, k.agg_site_node(site, node),

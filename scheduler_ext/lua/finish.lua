@@ -32,7 +32,7 @@ finish: end a leased subtask: run record, aggregates, moving estimates, report. 
   ARGV[13] node        node id
   ARGV[14] attempted   pages attempted, as the bandit's sums charge them (the report's ``charged``: pages crawled,
                        blocked, failed and cut short by the time limit)
-  ARGV[15] failCost    seconds the bandit's sums charge a failed run beyond its own (the recall: two control ticks)
+  ARGV[15] failCost    seconds the bandit's sums charge a failed run beyond its own (the recall: 1.5 control ticks)
 
 Returns 1 if finished, 0 if the lease is gone or holds another token (counted as stale_finish on the node).
 ]]

@@ -123,7 +123,7 @@ class Simulation:
         self.model = model or NodeModel()
         self.sample_interval, self.pair_samples, self.on_sample = sample_interval, pair_samples, on_sample
         self.rng = random.Random(seed)
-        self.estimates = MemoryEstimates(alpha, fail_cost=2 * tick)  # a recall: up to two ticks
+        self.estimates = MemoryEstimates(alpha, fail_cost=1.5 * tick)  # a recall: 1.5 ticks on average
         self._source: Iterator[TaskSpec] = iter(tasks)
         self._source_left = True
         self._seq = 0

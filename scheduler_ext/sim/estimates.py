@@ -51,7 +51,7 @@ class MemoryEstimates:
 
     def __init__(self, alpha: float = 0.3, fail_cost: float = 0.0) -> None:
         self.alpha = alpha
-        self.fail_cost = fail_cost  # seconds a failed run costs its task beyond its own (the recall: two control ticks)
+        self.fail_cost = fail_cost  # seconds a failed run costs its task beyond its own (the recall: 1.5 ticks)
         self.sites: dict[str, dict[str, Entry]] = {}
         self.groups: dict[tuple[str, str], dict[str, Entry]] = {}
         self._site_sums: dict[str, dict[str, Sums]] = {}

@@ -125,10 +125,10 @@ def update_sums(old: Sums | None, *, pages_done: int, failed_pages: int, offered
 
     ``failed_pages``: the pages attempted that gave nothing (``Report.charged - pages``). A ``failed`` run is
     charged ``fail_cost`` seconds more: the time its task loses to the recall before the subtask runs again (the
-    finish script is given twice ``SCHEDEXT_TICK_INTERVAL``: the control reads the failure and requeues the
-    subtask at its next tick, and allocates it at the tick after). The rate is results per second of the *task's*
-    time, the scarce resource (a task is crawled by one node at a time), and a failed run costs its task more than
-    its own seconds."""
+    finish script is given 1.5 x ``SCHEDEXT_TICK_INTERVAL``: the control reads the failure and requeues the
+    subtask at its next tick, half a tick later on average, and allocates it at the tick after). The rate is
+    results per second of the *task's* time, the scarce resource (a task is crawled by one node at a time), and a
+    failed run costs its task more than its own seconds."""
     attempted = pages_done + failed_pages
     got = page_equivalents(pages_done, offered, collected)
     o = old or Sums()
