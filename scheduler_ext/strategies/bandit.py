@@ -24,7 +24,8 @@ Per tick, over the window of waiting subtasks the control passes (priority order
 4. Explore: up to ``EXPLORE_SAMPLE`` free candidates are drawn; one whose Thompson draw beats the best expected rate
    (and that step 3 would not pick) is an exploration. Explorations go first, best draw first, each costing one
    unit of budget; a site no candidate has data on needs no budget (there is nothing to exploit). One exploration
-   per pair is in flight at a time.
+   per pair is in flight at a time. A pair last run before the site's latest change of treatment (any node's
+   ``Sums.cp``) is drawn from the prior, as untried; a subtask that failed already never explores.
 5. Matching: explorations, then the exploit pairs as the dynamic allocation matches them (aged subtasks first,
    then the highest expected rate, then priority).
 
