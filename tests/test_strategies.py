@@ -699,6 +699,9 @@ def test_bandit_never_explores_with_a_subtask_that_failed_already() -> None:
         assert BanditAllocation(seed=tick).allocate([again], [node("n1", 0), node("n2")], est, NOW) == []
         fresh += len(BanditAllocation(seed=tick).allocate([st("s1")], [node("n1", 0), node("n2")], est, NOW))
     assert fresh > 10
+    # With no candidate known to collect anything (n1 avoided), the recalled subtask explores rather than wait.
+    avoiding = replace(st("s2"), attempt=1, avoid=["n1"])
+    assert assigned(BanditAllocation().allocate([avoiding], [node("n1"), node("n2")], est, NOW)) == {"s2": "n2"}
 
 
 def test_bandit_explores_within_its_budget() -> None:

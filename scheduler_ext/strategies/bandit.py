@@ -25,7 +25,8 @@ Per tick, over the window of waiting subtasks the control passes (priority order
    (and that step 3 would not pick) is an exploration. Explorations go first, best draw first, each costing one
    unit of budget; a site no candidate has data on needs no budget (there is nothing to exploit). One exploration
    per pair is in flight at a time. A pair last run before the site's latest change of treatment (any node's
-   ``Sums.cp``) is drawn from the prior, as untried; a subtask that failed already never explores.
+   ``Sums.cp``) is drawn from the prior, as untried; a subtask that failed already explores only if no candidate
+   is known to collect anything.
 5. Matching: explorations, then the exploit pairs as the dynamic allocation matches them (aged subtasks first,
    then the highest expected rate, then priority).
 
@@ -263,8 +264,9 @@ class BanditAllocation(Allocation):
             return hit[1]
 
         for order, st, cls in window:
-            if st.attempt > 0:
-                continue  # a subtask that failed already must not risk another recall on a pair being tried
+            if st.attempt > 0 and cls.top > 0:
+                continue  # a subtask that failed already must not risk another recall on a pair being tried,
+                # unless no candidate is known to collect anything (it would wait for its patience, or forever)
             best = cls.top
             floor = self.rate_floor * best
             if now - st.since >= self.patience:
