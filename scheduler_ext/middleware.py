@@ -87,7 +87,7 @@ class SubtaskDownloaderMiddleware(_Base):
         if is_blocked is not None and is_blocked(response, active.subtask):
             self.stats.inc_value("schedext/pages/blocked")
             self.stats.inc_value(f"site/{site}/blocked")
-            tracker.page_failed(sid, page, f"blocked: a verification page at {response.url}")
+            tracker.page_failed(sid, page, f"blocked: a verification page at {response.url}", blocked=True)
             raise IgnoreRequest("block page")
         self.stats.inc_value(f"site/{site}/pages")
         return response
@@ -101,7 +101,7 @@ class SubtaskDownloaderMiddleware(_Base):
             # The subtask's time limit cut this download short: a timeout, not a failure of the site.
             active.timed_out = True
             self.stats.inc_value("schedext/pages/timeout")
-            tracker.page_dropped(sid, request.meta[META_PAGE])
+            tracker.page_dropped(sid, request.meta[META_PAGE], attempted=True)
             return
         self.stats.inc_value("schedext/pages/download_error")
         name = type(exception).__name__

@@ -146,6 +146,11 @@ class Report:
 
     ``outcome`` is "done" (all pages, or the end of results), "timeout" (the time limit cut it short; what was
     collected counts) or "failed" (``reason`` says why: a block page, an HTTP error, a download or storage error).
+
+    ``attempted`` counts every page whose download started: the ``pages`` crawled, the ``blocked`` ones (a block
+    page), the ``failed`` ones (HTTP, download or spider error) and those cut short by the time limit. Pages still in
+    flight when the first one failed are counted too, however they end. The estimates charge them all
+    (:attr:`charged`).
     """
 
     subtask: Subtask
@@ -161,10 +166,26 @@ class Report:
     total_pages: int | None = None
     started: float = 0.0
     ended: float = 0.0
+    attempted: int | None = None  # pages whose download started (see the class doc); None: not counted
+    blocked: int = 0  # of which answered by a block page
+    failed: int = 0  # of which failed otherwise (HTTP, download or spider error)
 
     @property
     def ok(self) -> bool:
         return self.outcome != "failed"
+
+    @property
+    def charged(self) -> int:
+        """Pages attempted, as the estimates charge them: ``attempted``, and never fewer than the pages crawled,
+        blocked and failed, nor, for a failed run, than the pages crawled plus the one that failed it (a report
+        without counts: a malformed subtask, an item that failed in the pipelines, a node of an older version).
+
+        >>> Report(Subtask("s", "t", "a.com", 0, 5, 10.0), "n1", "failed", pages=2, attempted=6, blocked=3).charged
+        6
+        >>> Report(Subtask("s", "t", "a.com", 0, 5, 10.0), "n1", "failed", pages=2).charged
+        3
+        """
+        return max(self.attempted or 0, self.pages + self.blocked + self.failed, self.pages + (0 if self.ok else 1))
 
     @property
     def seconds(self) -> float:
@@ -188,8 +209,12 @@ class Report:
         _require(obj, "outcome", str, "report", check=lambda v: v in ("done", "timeout", "failed"),
                  expected="one of done, timeout, failed")
         nonneg = lambda v: v >= 0  # noqa: E731
-        for name in ("offered", "collected", "pages", "next_page"):
+        for name in ("offered", "collected", "pages", "next_page", "attempted", "blocked", "failed"):
             _require(obj, name, int, "report", optional=True, check=nonneg, expected="an integer >= 0")
+        parts = sum(obj.get(name) or 0 for name in ("pages", "blocked", "failed"))
+        if obj.get("attempted") is not None and obj["attempted"] < parts:
+            raise InvalidInput(f"report: field 'attempted': expected at least pages + blocked + failed ({parts}), "
+                               f"got {obj['attempted']!r}")
         for name in ("reported", "total_pages"):
             _require(obj, name, int, "report", optional=True, check=nonneg, expected="an integer >= 0 or null")
         for name in ("started", "ended"):

@@ -122,7 +122,7 @@ class SubtaskScheduler:
                  bind_address: str | None = None, pace: Pace | None = None, heartbeat_interval: float = 5.0,
                  refill_interval: float = 0.5, idle_close: float = 0.0, lease_ttl: float = 60.0,
                  grace: float = 10.0, alpha: float = 0.3, runs_maxlen: int = 100_000, take_batch: int = 8,
-                 limits: Limits | None = None, backoff_max: float = 10.0) -> None:
+                 limits: Limits | None = None, backoff_max: float = 10.0, fail_cost: float = 0.0) -> None:
         self.crawler = crawler
         self.store = store
         self.node_id = node_id
@@ -136,6 +136,7 @@ class SubtaskScheduler:
         self.lease_ttl = lease_ttl
         self.grace = grace
         self.alpha = alpha
+        self.fail_cost = fail_cost  # seconds a failed run costs its task beyond its own (the recall: 1.5 ticks)
         self.runs_maxlen = runs_maxlen
         self.take_batch = take_batch
         self.stats = crawler.stats
@@ -178,7 +179,8 @@ class SubtaskScheduler:
             node_types=list(c.node_types), bind_address=c.bind_address, pace=Pace.from_config(c, crawler.settings),
             heartbeat_interval=c.heartbeat_interval, refill_interval=c.refill_interval, idle_close=c.idle_close,
             lease_ttl=c.lease_ttl, grace=c.lease_grace, alpha=c.estimate_alpha, runs_maxlen=c.runs_maxlen,
-            take_batch=c.take_batch, limits=limits, backoff_max=c.backoff_max)
+            take_batch=c.take_batch, limits=limits, backoff_max=c.backoff_max,
+            fail_cost=1.5 * c.tick_interval)
 
     # --- Scrapy's scheduler interface -----------------------------------------------------------------------
     def open(self, spider: Spider) -> None:
@@ -434,7 +436,9 @@ class SubtaskScheduler:
         ended = a.started + (time.monotonic() - a.started_local)
         report = Report(subtask=st, node=self.node_id, outcome=outcome, reason=a.failure, reported=a.reported,
                         offered=a.offered, collected=a.collected, pages=len(a.pages_done), next_page=next_page,
-                        exhausted=exhausted, total_pages=a.total_pages, started=a.started, ended=ended)
+                        exhausted=exhausted, total_pages=a.total_pages, started=a.started, ended=ended,
+                        attempted=len(a.pages_done) + a.blocked + a.failed + a.cut, blocked=a.blocked,
+                        failed=a.failed)
         self._finish(report, a.token)
 
     def _finish(self, report: Report, token: str) -> None:
@@ -458,7 +462,8 @@ class SubtaskScheduler:
         r, st = f.report, f.report.subtask
         return self.store.finish(sid, f.token, r.to_json(), node=self.node_id, site=st.site, group=st.group,
                                  offered=r.offered, collected=r.collected, pages=r.pages, seconds=r.seconds,
-                                 ok=r.ok, alpha=self.alpha, runs_maxlen=self.runs_maxlen)
+                                 ok=r.ok, alpha=self.alpha, runs_maxlen=self.runs_maxlen, attempted=r.charged,
+                                 fail_cost=self.fail_cost)
 
     def _sent(self, sid: str, f: _Finish, accepted: bool) -> None:
         self._sending = None

@@ -42,6 +42,12 @@ class Active:
     total_pages: int | None = None
     last_page: int | None = None  # end of results seen at this page
     failure: str = ""
+    # Pages whose download was attempted and gave nothing, every one (pages already in flight when the first one
+    # failed included): answered by a block page, failed (HTTP or download error, spider error), or cut short by
+    # the time limit. The finish report carries them so that the estimates charge them (posterior.py).
+    blocked: int = 0
+    failed: int = 0
+    cut: int = 0
     timed_out: bool = False
     lost: bool = False  # the lease was recalled: finish will be refused
 
@@ -90,19 +96,26 @@ class Tracker:
             a.last_page = page if a.last_page is None else min(a.last_page, page)
         self._check(a)
 
-    def page_failed(self, sid: str, page: int, reason: str) -> None:
+    def page_failed(self, sid: str, page: int, reason: str, *, blocked: bool = False) -> None:
+        """``page`` was attempted and failed (``blocked``: a block page); the first failure fails the subtask."""
         a = self.get(sid)
         if a is None or page not in a.pages_pending:
             return
         a.pages_pending.discard(page)
+        if blocked:
+            a.blocked += 1
+        else:
+            a.failed += 1
         a.failure = a.failure or reason
         self._check(a)
 
-    def page_dropped(self, sid: str, page: int) -> None:
+    def page_dropped(self, sid: str, page: int, *, attempted: bool = False) -> None:
+        """``page`` will not be crawled: never started, or (``attempted``) cut short by the time limit."""
         a = self.get(sid)
         if a is None or page not in a.pages_pending:
             return
         a.pages_pending.discard(page)
+        a.cut += attempted
         self._check(a)
 
     def item_in(self, sid: str) -> None:

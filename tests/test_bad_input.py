@@ -136,7 +136,8 @@ def _report_json(**overrides: Any) -> str:
 
 @pytest.mark.parametrize("lst", ["sleeping", "failed"])
 @pytest.mark.parametrize("fields", [{"collected": "many"}, {"next_page": [1]}, {"total_pages": "x"},
-                                    {"subtask": {"id": "1"}}, {"outcome": "exploded"}])
+                                    {"subtask": {"id": "1"}}, {"outcome": "exploded"}, {"blocked": -1},
+                                    {"attempted": 0}, {"failed": 1.5}])
 def test_report_of_the_right_shape_with_wrong_types_is_dead_lettered(
         store: Store, lst: str, fields: dict[str, Any]) -> None:
     # A task record for it, so that the report reaches the arithmetic that its wrong types would break.

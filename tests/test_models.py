@@ -275,6 +275,27 @@ def test_report_missing_required_field_is_invalid_input(missing: str) -> None:
         Report.from_json(json.dumps(obj))
 
 
+@pytest.mark.parametrize(("fields", "match"), [
+    ({"blocked": -2}, "field 'blocked': expected an integer >= 0, got -2"),
+    ({"failed": "3"}, "field 'failed': expected an integer >= 0"),
+    ({"attempted": 2, "pages": 2, "blocked": 1},
+     r"field 'attempted': expected at least pages \+ blocked \+ failed \(3\)"),
+])
+def test_report_page_counts_are_validated(fields: dict[str, Any], match: str) -> None:
+    obj = {**Report(subtask=_subtask(), node="n2", outcome="failed").to_dict(), **fields}
+    with pytest.raises(InvalidInput, match=match):
+        Report.from_json(json.dumps(obj))
+
+
+def test_report_charges_every_page_attempted_and_accepts_a_report_without_counts() -> None:
+    full = Report(subtask=_subtask(), node="n2", outcome="failed", pages=3, attempted=8, blocked=4, failed=1)
+    assert Report.from_json(full.to_json()).charged == 8
+    old = full.to_dict()
+    for name in ("attempted", "blocked", "failed"):
+        del old[name]
+    assert Report.from_json(json.dumps(old)).charged == 4  # an older node's report: the pages and the failing one
+
+
 def test_task_missing_id_is_invalid_input() -> None:
     with pytest.raises(InvalidInput, match="id"):
         Task.from_json(json.dumps({"v": SCHEMA_VERSION, "site": "a.com"}))

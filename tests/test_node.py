@@ -222,3 +222,21 @@ def test_node_survives_a_redis_restart_and_sends_the_finish_it_could_not(cluster
     finally:
         private.stop()
         services.stop_pid(server.pid)
+
+
+def test_every_blocked_page_of_a_run_is_reported_and_charged(cluster: LocalCluster, tmp_path: Any) -> None:
+    # Slow block pages: the node starts all 4 pages (8 in flight allowed) long before the first answers, so the run
+    # attempts 4 pages and every one is a block page, not only the first that failed the subtask.
+    profile = json.loads(FAST_PROFILE.read_text(encoding="utf-8"))
+    profile["nodes"]["127.0.0.2"]["sites"]["blocked.example"] = {"block_rate": 1.0, "latency": {"mean": 1.5,
+                                                                                                 "spread": 0.0}}
+    (tmp_path / "slow_blocks.json").write_text(json.dumps(profile), encoding="utf-8")
+    cluster.start_simweb(tmp_path / "slow_blocks.json")
+    push(cluster, "node1", subtask("b4", site="blocked.example", pages=4).to_json())
+    assert cluster.start_node(NodeSpec("node1", "127.0.0.2"), SCHEDEXT_IDLE_CLOSE=1).wait(60) == 0
+    report = Report.from_json(cluster.redis.lindex(cluster.store.keys.failed, 0))
+    assert (report.attempted, report.blocked, report.failed, report.pages) == (4, 4, 0, 0)
+    # The pair's sums (the finish script) charge all 4 pages attempted, none collected.
+    sums = json.loads(cluster.redis.hget(cluster.store.keys.est_site("blocked.example"), "node1"))
+    assert (sums["pg"], sums["got"], sums["n"]) == (4, 0, 1)
+    assert sums["sec"] >= 1.5

@@ -11,6 +11,7 @@ import doctest
 import random
 import zlib
 from collections import Counter
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -666,6 +667,41 @@ def test_bandit_change_point_follows_a_pair_that_turns_bad_in_one_run() -> None:
     # One failed page is not a change point.
     one = SumsEstimates().runs("a.com", "n1", GOOD, GOOD, (0, 0, 0, 0.2, False))
     assert one.sums["a.com"]["n1"].n > 2
+
+
+def test_bandit_change_point_on_a_site_makes_its_other_pairs_worth_trying_again() -> None:
+    # n1 is good and busy on a.com; n2 (free, with a good site of its own to crawl) was measured bad there 20 s ago.
+    # Then a run of n3's on a.com is a change point (the site changed how it treats n3): n2's evidence from before
+    # the change is no longer trusted, and n2 is tried again, where it was almost never before.
+    def tried(with_change: bool) -> int:
+        est = (SumsEstimates().runs("a.com", "n1", GOOD, GOOD, GOOD)
+               .runs("a.com", "n2", *[(10, 100, 10, 6.0, True)] * 4, at=NOW - 20)
+               .runs("b.com", "n2", GOOD, GOOD, GOOD).runs("a.com", "n3", GOOD, GOOD, at=NOW - 30))
+        if with_change:
+            est.runs("a.com", "n3", (8, 80, 0, 6.0, False), at=NOW - 5)
+        assert (est.sums["a.com"]["n3"].cp == NOW - 5) is with_change
+        count = 0
+        for tick in range(100):
+            result = BanditAllocation(seed=tick).allocate([st("s1"), st("s2", site="b.com")],
+                                                          [node("n1", 0), node("n2")], est, NOW)
+            count += ("s1", "n2") in {(s.id, n) for s, n in result}
+        return count
+
+    before, after = tried(False), tried(True)
+    assert before < 8 and after > 3 * before + 10, (before, after)
+
+
+def test_bandit_never_explores_with_a_subtask_that_failed_already() -> None:
+    est = SumsEstimates().runs("a.com", "n1", GOOD, GOOD, GOOD)
+    again = replace(st("s1"), attempt=1)
+    fresh = 0
+    for tick in range(50):  # n2 never ran a.com: a fresh subtask explores it often
+        assert BanditAllocation(seed=tick).allocate([again], [node("n1", 0), node("n2")], est, NOW) == []
+        fresh += len(BanditAllocation(seed=tick).allocate([st("s1")], [node("n1", 0), node("n2")], est, NOW))
+    assert fresh > 10
+    # With no candidate known to collect anything (n1 avoided), the recalled subtask explores rather than wait.
+    avoiding = replace(st("s2"), attempt=1, avoid=["n1"])
+    assert assigned(BanditAllocation().allocate([avoiding], [node("n1"), node("n2")], est, NOW)) == {"s2": "n2"}
 
 
 def test_bandit_explores_within_its_budget() -> None:

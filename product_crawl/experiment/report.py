@@ -264,8 +264,13 @@ def write_html(summary: dict[str, Any], out: Path, images: list[str]) -> Path:
                    for img in images)
     settings = ", ".join(f"{k}={v}" for k, v in summary["settings"].items())
     best = summary["best_possible"]
-    bound_text = (f"Best possible: {best['items']} unique items (the profile's true rates, phase by phase, each node "
-                  f"on the site it serves best within the sites' task limits; node machinery {best['model']}). "
+    m = best["model"]
+    bound_text = (f"Best possible: {best['items']} unique items (the profile's true rates, phase by phase, the best "
+                  f"assignment of nodes to sites within the sites' task limits, each node's {m['concurrency']} page "
+                  f"slots and own CPU ({1000 * m['node_page_cpu']:.2f} ms a page, {1000 * m['node_item_cpu']:.3f} ms "
+                  f"an item), and this machine's {m['cores']:g} cores shared by the nodes, the web and MongoDB "
+                  f"({1000 * m['machine_page_cpu']:.2f} ms a page, {1000 * m['machine_item_cpu']:.3f} ms an item: "
+                  f"the cheapest crawler, measured in {m['source']}). "
                   + ("Simulated runs (scheduler_ext.sim)." if summary.get("simulated") else "Real processes."))
     dhead, drows = distribution_rows(summary)
     dist = f"<h2>Ratio distribution over simulated seeds</h2>{tab(dhead, drows)}" if drows else ""

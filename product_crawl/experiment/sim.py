@@ -106,16 +106,19 @@ def simulate_configuration(name: str, opts: Options, *, model: NodeModel | None 
     return {"name": name, "settings": settings, **raw, "truth_corpus": [], "simulated": True}
 
 
-def best_possible(opts: Options, totals: dict[str, dict[str, int]], model: NodeModel | None = None
-                  ) -> dict[str, Any]:
+def best_possible(opts: Options, totals: dict[str, dict[str, int]]) -> dict[str, Any]:
     """The best possible unique items of a run of ``opts`` (:func:`scheduler_ext.sim.bound.best_possible`): the
-    profile's true rates over time, the experiment's nodes and tasks."""
+    profile's true rates over time, the experiment's nodes and tasks, every node and the web and MongoDB on this
+    machine (:data:`~scheduler_ext.sim.bound.MACHINE`: the CPU the cheapest crawler needs here, measured). A
+    simulated run of the experiment gets the same bound as a real one, so that their ratios compare."""
     world = ProfileWorld(opts.profile, {n.id: n.address for n in opts.nodes})
     nodes = [SimNode(n.id, tuple(int(t) for t in str(n.types).split(",")), address=n.address) for n in opts.nodes]
     work = {site: SiteWork(0, sum(1 for p in totals if site in totals[p]),
                            sum(totals[p].get(site, 0) for p in totals)) for site in opts.sites}
-    model = model or bound_module.OPTIMISTIC
-    bound = bound_module.best_possible(world, nodes, work, opts.duration, model)
+    model, machine = bound_module.MACHINE_NODE, bound_module.MACHINE
+    bound = bound_module.best_possible(world, nodes, work, opts.duration, model, machine)
     bound.pop("assignments")
-    return {**bound, "model": {"page_cpu": model.page_cpu, "item_cpu": model.item_cpu,
-                               "concurrency": model.concurrency}}
+    return {**bound, "model": {"concurrency": model.concurrency, "node_page_cpu": model.page_cpu,
+                               "node_item_cpu": model.item_cpu, "cores": machine.cores,
+                               "machine_page_cpu": machine.page_cpu, "machine_item_cpu": machine.item_cpu,
+                               "source": "benchmarks/results/bench_machine.json"}}

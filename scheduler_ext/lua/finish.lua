@@ -12,8 +12,8 @@ finish: end a leased subtask: run record, aggregates, moving estimates, report. 
   KEYS[9]  nodeCountKey   count:node:<node> (stale_finish)
   KEYS[10] progressKey    progress
   KEYS[11] aggTriplesKey  agg:triples set
-  KEYS[12] estSiteKey     est:site:<site>, a field per node {c, spp, runs, last, n, pg, got, sec}
-  KEYS[13] estGroupKey    est:gs:<product>|<site>, a field per node {spp, runs, last, n, pg, got, sec}
+  KEYS[12] estSiteKey     est:site:<site>, a field per node {c, spp, runs, last, n, pg, got, sec, cp}
+  KEYS[13] estGroupKey    est:gs:<product>|<site>, a field per node {spp, runs, last, n, pg, got, sec, cp}
   KEYS[14] estDirtyKey    est:dirty: set of the estimates changed since the control last read them
   KEYS[15] estGroupsKey   est:groups: set of the "<product>|<site>" pairs that have an est:gs hash
 
@@ -30,6 +30,9 @@ finish: end a leased subtask: run record, aggregates, moving estimates, report. 
   ARGV[11] ok          1 done or timeout, 0 failed
   ARGV[12] group       product
   ARGV[13] node        node id
+  ARGV[14] attempted   pages attempted, as the bandit's sums charge them (the report's ``charged``: pages crawled,
+                       blocked, failed and cut short by the time limit)
+  ARGV[15] failCost    seconds the bandit's sums charge a failed run beyond its own (the recall: 1.5 control ticks)
 
 Returns 1 if finished, 0 if the lease is gone or holds another token (counted as stale_finish on the node).
 ]]
@@ -42,7 +45,7 @@ local estDirtyKey, estGroupsKey = KEYS[14], KEYS[15]
 local id, token, report, runsMaxlen, alpha = ARGV[1], ARGV[2], ARGV[3], ARGV[4], tonumber(ARGV[5])
 local pair, offered, collected = ARGV[6], tonumber(ARGV[7]), tonumber(ARGV[8])
 local pages, seconds, ok = tonumber(ARGV[9]), tonumber(ARGV[10]), ARGV[11] == '1'
-local group, node = ARGV[12], ARGV[13]
+local group, node, attempted, failCost = ARGV[12], ARGV[13], tonumber(ARGV[14]), tonumber(ARGV[15]) or 0
 
 local raw = redis.call('HGET', leaseInfoKey, id)
 local decoded, lease = pcall(cjson.decode, raw or '')
@@ -67,11 +70,10 @@ end
 -- The moving estimates (recent runs weigh more): one hash per site and one per (product, site), a field per
 -- node, so that the control reads every node's figures for a site in one command.
 local function ewma(old, x) if old then return old + alpha * (x - old) end return x end
--- The bandit's sums (scheduler_ext/strategies/posterior.py, update_sums, does the same): pages attempted (the page
--- that failed a run included), page-equivalents collected, seconds of every outcome, runs; older runs weigh
--- (1 - alpha) less with each new run.
+-- The bandit's sums (scheduler_ext/strategies/posterior.py, update_sums, does the same): pages attempted (every
+-- blocked, failed or cut page included), page-equivalents collected, seconds of every outcome, runs; older runs
+-- weigh (1 - alpha) less with each new run.
 local keep = 1 - alpha
-local attempted = pages + (ok and 0 or 1)
 local got = 0
 if pages > 0 and offered > 0 then got = pages * math.min(1, collected / offered)
 elseif pages > 0 and collected > 0 then got = pages end
@@ -82,12 +84,17 @@ local function sums(e)
   -- share over at least 3 pages attempted; the sums restart from this run.
   if attempted >= 3 and pg > 0 then
     local share = math.min(0.98, math.max(0.02, (gt + 0.5) / (pg + 1)))
-    if math.abs(got - attempted * share) > 3 * math.sqrt(attempted * share * (1 - share)) then k = 0 end
+    if math.abs(got - attempted * share) > 3 * math.sqrt(attempted * share * (1 - share)) then
+      k = 0
+      -- A change of treatment (the run's share 0.5 or more from the pair's, CHANGE_SHIFT): its time, so that the
+      -- bandit re-examines the site's other pairs.
+      if math.abs(got / attempted - (gt + 0.5) / (pg + 1)) >= 0.5 then e.cp = now end
+    end
   end
   e.n = k * n + 1
   e.pg = k * pg + attempted
   e.got = k * gt + got
-  e.sec = k * sec + math.max(0, seconds)
+  e.sec = k * sec + math.max(0, seconds) + (ok and 0 or failCost)
 end
 local function estimate(key, withCompletion)
   local old = redis.call('HGET', key, node)

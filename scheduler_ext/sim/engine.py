@@ -123,7 +123,7 @@ class Simulation:
         self.model = model or NodeModel()
         self.sample_interval, self.pair_samples, self.on_sample = sample_interval, pair_samples, on_sample
         self.rng = random.Random(seed)
-        self.estimates = MemoryEstimates(alpha)
+        self.estimates = MemoryEstimates(alpha, fail_cost=1.5 * tick)  # a recall: 1.5 ticks on average
         self._source: Iterator[TaskSpec] = iter(tasks)
         self._source_left = True
         self._seq = 0
@@ -372,7 +372,7 @@ class Simulation:
         slots, starts = self.slots[run.node], self.starts[run.node]
         failed_at = math.inf
         done: dict[int, int] = {}
-        offered = collected = errors = blocked = requests = 0
+        offered = collected = errors = blocked = requests = cut = 0
         failed_page: int | None = None
         timed_out = False
         last_end = t0
@@ -393,6 +393,7 @@ class Simulation:
                 bisect.insort(starts, start)
             if end > deadline:
                 timed_out = True
+                cut += 1
                 continue
             requests += 1
             last_end = max(last_end, end)
@@ -432,7 +433,8 @@ class Simulation:
             outcome = "timeout" if timed_out or next_page < total_pages else "done"
         report = Report(subtask=st, node=run.node, outcome=outcome, reason=reason, reported=results,
                         offered=offered, collected=collected, pages=len(done), next_page=next_page,
-                        exhausted=exhausted, total_pages=total_pages, started=run.started, ended=ended)
+                        exhausted=exhausted, total_pages=total_pages, started=run.started, ended=ended,
+                        attempted=requests + cut, blocked=blocked, failed=errors)
         self._pending_pages[st.id] = done
         return report, ended
 
@@ -463,7 +465,7 @@ class Simulation:
         pair[3] += report.pages
         self.estimates.finish(site=st.site, group=st.group, node=nid, offered=report.offered,
                               collected=report.collected, pages=report.pages, seconds=report.seconds, ok=report.ok,
-                              now=self.now)
+                              now=self.now, attempted=report.charged)
         (self.reports if report.ok else self.failures).append(report)
         self._take(nid)
 

@@ -28,8 +28,10 @@ def _ewma(old: float | None, x: float, alpha: float) -> float:
 
 
 def updated(e: Entry | None, *, offered: int, collected: int, pages: int, seconds: float, ok: bool, alpha: float,
-            now: float, with_completion: bool) -> Entry:
-    """The entry after one finished run, as ``finish.lua`` computes it."""
+            now: float, with_completion: bool, attempted: int | None = None, fail_cost: float = 0.0) -> Entry:
+    """The entry after one finished run, as ``finish.lua`` computes it (``attempted``: ``Report.charged``, by
+    default the pages plus the one that failed the run, as ``Store.finish``; ``fail_cost``: see
+    :func:`~scheduler_ext.strategies.posterior.update_sums`)."""
     e = e or Entry()
     c = e.c
     if with_completion:
@@ -38,27 +40,30 @@ def updated(e: Entry | None, *, offered: int, collected: int, pages: int, second
         elif not ok:
             c = _ewma(c, 0.0, alpha)
     spp = _ewma(e.spp, seconds / pages, alpha) if ok and pages > 0 else e.spp
-    sums = update_sums(e.sums, pages_done=pages, failed_pages=0 if ok else 1, offered=offered, collected=collected,
-                       seconds=seconds, alpha=alpha, now=now)
+    failed = (0 if ok else 1) if attempted is None else attempted - pages
+    sums = update_sums(e.sums, pages_done=pages, failed_pages=failed, offered=offered, collected=collected,
+                       seconds=seconds, alpha=alpha, now=now, failed=not ok, fail_cost=fail_cost)
     return replace(e, c=c, spp=spp, runs=e.runs + 1, last=now, sums=sums)
 
 
 class MemoryEstimates:
     """The Estimates protocol (and the bandit's sums) over in-memory estimate entries."""
 
-    def __init__(self, alpha: float = 0.3) -> None:
+    def __init__(self, alpha: float = 0.3, fail_cost: float = 0.0) -> None:
         self.alpha = alpha
+        self.fail_cost = fail_cost  # seconds a failed run costs its task beyond its own (the recall: 1.5 ticks)
         self.sites: dict[str, dict[str, Entry]] = {}
         self.groups: dict[tuple[str, str], dict[str, Entry]] = {}
         self._site_sums: dict[str, dict[str, Sums]] = {}
         self._group_sums: dict[tuple[str, str], dict[str, Sums]] = {}
 
     def finish(self, *, site: str, group: str, node: str, offered: int, collected: int, pages: int,
-               seconds: float, ok: bool, now: float) -> None:
+               seconds: float, ok: bool, now: float, attempted: int | None = None) -> None:
         def update(entries: dict[str, Entry], sums: dict[str, Sums], with_completion: bool) -> None:
             e = entries[node] = updated(entries.get(node), offered=offered, collected=collected, pages=pages,
                                         seconds=seconds, ok=ok, alpha=self.alpha, now=now,
-                                        with_completion=with_completion)
+                                        with_completion=with_completion, attempted=attempted,
+                                        fail_cost=self.fail_cost)
             assert e.sums is not None  # updated() always sets them
             sums[node] = e.sums
 

@@ -24,7 +24,9 @@ Per tick, over the window of waiting subtasks the control passes (priority order
 4. Explore: up to ``EXPLORE_SAMPLE`` free candidates are drawn; one whose Thompson draw beats the best expected rate
    (and that step 3 would not pick) is an exploration. Explorations go first, best draw first, each costing one
    unit of budget; a site no candidate has data on needs no budget (there is nothing to exploit). One exploration
-   per pair is in flight at a time.
+   per pair is in flight at a time. A pair last run before the site's latest change of treatment (any node's
+   ``Sums.cp``) is drawn from the prior, as untried; a subtask that failed already explores only if no candidate
+   is known to collect anything.
 5. Matching: explorations, then the exploit pairs as the dynamic allocation matches them (aged subtasks first,
    then the highest expected rate, then priority).
 
@@ -143,6 +145,8 @@ class BanditAllocation(Allocation):
         # Sums -> (prior, when, posterior): a pair's posterior changes with a new run (new sums) or the prior, and
         # with time only by the slow discount, refreshed every half_life / 10; so a tick recomputes what changed.
         self._cache: dict[int, tuple[Sums, float, float, float, Posterior]] = {}
+        # id(a site's sums mapping) -> (the mapping, its last change point), for exploration (see allocate)
+        self._changes: dict[int, tuple[Mapping[str, Sums], float]] = {}
 
     @classmethod
     def from_crawler(cls, crawler: Any) -> BanditAllocation:
@@ -230,6 +234,8 @@ class BanditAllocation(Allocation):
                  now: float) -> list[tuple[Subtask, str]]:
         if len(self._cache) > 65536:  # entries of sums replaced since: drop them all now and then
             self._cache.clear()
+        if len(self._changes) > 65536:
+            self._changes.clear()
         free = {n.id: max(0, n.free) for n in nodes}
         if not any(free.values()) or not subtasks:
             return []
@@ -286,7 +292,21 @@ class BanditAllocation(Allocation):
 
         explore: list[tuple[float, int, bool, Subtask, str]] = []
         exploring = self._exploring
+        changes = self._changes
+
+        def site_change(sums: Mapping[str, Sums]) -> float:
+            """The time of the last change point of any pair of the site with these sums: a site that starts
+            treating one node differently may have changed for the others too, so their older evidence is not
+            trusted to explore. Kept per sums mapping (replaced on every run: copy on write)."""
+            hit = changes.get(id(sums))
+            if hit is None or hit[0] is not sums:
+                hit = changes[id(sums)] = (sums, max((s_.cp for s_ in sums.values()), default=0.0))
+            return hit[1]
+
         for order, st, cls in window:
+            if st.attempt > 0 and cls.top > 0:
+                continue  # a subtask that failed already must not risk another recall on a pair being tried,
+                # unless no candidate is known to collect anything (it would wait for its patience, or forever)
             best = cls.top
             floor = self.rate_floor * best
             if now - st.since >= self.patience:
@@ -305,6 +325,8 @@ class BanditAllocation(Allocation):
                 if known is not None and known >= floor and known > 0 or (st.site, nid) in exploring:
                     continue  # exploiting it would do, or it is being explored
                 s = sums.get(nid)
+                if s is not None and s.t < site_change(sums):
+                    s = None  # tried before the site changed how it treats some node: as good as untried
                 draw = prior.sample(self.rng) if s is None else draw_rate(
                     self.rng, s, now=now, half_life=self.half_life, theta0=theta0, rho0=rho0, pace=cls.posts.get(nid))
                 if draw <= self.rate_floor * best:

@@ -6,13 +6,14 @@ BanditAllocation` (which reads them) and by the simulator (scheduler_ext/sim), s
 
 The model (docs/strategies.md, "The bandit model", gives the derivation):
 
-* Every run of a subtask is charged in *pages attempted*: the pages it crawled plus the page that failed it (an
-  HTTP error, a captcha page, a download error). A timed-out run is charged its time but not the pages it never
-  started.
+* Every run of a subtask is charged in *pages attempted*: the pages it crawled plus every page that gave nothing
+  (a captcha page, an HTTP or download error, a download cut short by the time limit), the pages in flight when the
+  first one failed included: the node reports them all (``Report.attempted``, ``blocked``, ``failed``). Pages never
+  started are not charged; the run's time is, whatever its outcome.
 * ``got``: the page-equivalents of results it collected, ``pages_done x collected / offered`` (a page that
   served 9 of its 10 results counts 0.9). A failed or blocked page counts 0 here and 1 in ``pages``: it was
   offered and nothing was collected. That is what the paper's completion leaves out.
-* ``sec``: the node's seconds, every outcome included.
+* ``sec``: the run's seconds, every outcome included; a failed run also its recall (``fail_cost``).
 
 The sums are kept per run with the same weight ``alpha`` as the paper's moving estimates (``x <- (1 - alpha) x +
 new``), so a pair that is used keeps a memory of about ``1 / alpha`` runs and follows drift; a pair that is *not*
@@ -52,6 +53,10 @@ PRIOR_WEIGHT = 1.0
 #: is a change point: the sums restart from it instead of averaging it in.
 CHANGE_Z = 3.0
 CHANGE_PAGES = 3
+#: A change point whose run's share is at least this far from the share before it is a change of the site's
+#: treatment (suited to unsuited or back), recorded in ``Sums.cp``; the bandit then re-examines the site's other pairs.
+#: Smaller ones (a captcha-heavy pair's runs vary between 0 and 0.6) only restart the pair's own sums.
+CHANGE_SHIFT = 0.5
 
 
 @dataclass(frozen=True)
@@ -59,7 +64,8 @@ class Sums:
     """The sufficient statistics of one pair, as the finish script keeps them (JSON fields in brackets).
 
     ``n`` [n] runs, ``pages`` [pg] pages attempted, ``got`` [got] page-equivalents collected, ``sec`` [sec]
-    seconds, all weighted (each run multiplies the old sums by ``1 - alpha``); ``t`` [last] the time of the last run.
+    seconds, all weighted (each run multiplies the old sums by ``1 - alpha``); ``t`` [last] the time of the last run;
+    ``cp`` [cp] the time of the last change point (:func:`changed`), 0 if none.
     """
 
     n: float = 0.0
@@ -67,6 +73,7 @@ class Sums:
     got: float = 0.0
     sec: float = 0.0
     t: float = 0.0
+    cp: float = 0.0
 
     @classmethod
     def from_entry(cls, entry: dict[str, Any]) -> Sums | None:
@@ -75,7 +82,7 @@ class Sums:
             return None
         try:
             return cls(float(entry.get("n") or 0), float(entry["pg"]), float(entry.get("got") or 0),
-                       float(entry.get("sec") or 0), float(entry.get("last") or 0))
+                       float(entry.get("sec") or 0), float(entry.get("last") or 0), float(entry.get("cp") or 0))
         except (TypeError, ValueError):  # a hand-edited entry: no usable data rather than an exception in a tick
             return None
 
@@ -113,15 +120,25 @@ def changed(old: Sums, attempted: float, got: float) -> bool:
 
 
 def update_sums(old: Sums | None, *, pages_done: int, failed_pages: int, offered: int, collected: int,
-                seconds: float, alpha: float, now: float = 0.0) -> Sums:
+                seconds: float, alpha: float, now: float = 0.0, failed: bool = False, fail_cost: float = 0.0) -> Sums:
     """The sums after one more run (the finish script's Lua does exactly this): older runs weigh ``1 - alpha``
-    less, unless the run is a change point (:func:`changed`), which starts the sums afresh from it."""
+    less, unless the run is a change point (:func:`changed`), which starts the sums afresh from it.
+
+    ``failed_pages``: the pages attempted that gave nothing (``Report.charged - pages``). A ``failed`` run is
+    charged ``fail_cost`` seconds more: the time its task loses to the recall before the subtask runs again (the
+    finish script is given 1.5 x ``SCHEDEXT_TICK_INTERVAL``: the control reads the failure and requeues the
+    subtask at its next tick, half a tick later on average, and allocates it at the tick after). The rate is
+    results per second of the *task's* time, the scarce resource (a task is crawled by one node at a time), and a
+    failed run costs its task more than its own seconds."""
     attempted = pages_done + failed_pages
     got = page_equivalents(pages_done, offered, collected)
     o = old or Sums()
-    keep = 0.0 if changed(o, attempted, got) else 1.0 - alpha
+    change = changed(o, attempted, got)
+    shift = change and abs(got / attempted - (o.got + 0.5) / (o.pages + 1.0)) >= CHANGE_SHIFT
+    keep = 0.0 if change else 1.0 - alpha
     return Sums(n=keep * o.n + 1.0, pages=keep * o.pages + attempted, got=keep * o.got + got,
-                sec=keep * o.sec + max(0.0, seconds), t=now)
+                sec=keep * o.sec + max(0.0, seconds) + (fail_cost if failed else 0.0), t=now,
+                cp=now if shift else o.cp)
 
 
 @dataclass(frozen=True)

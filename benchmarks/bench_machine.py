@@ -1,0 +1,169 @@
+"""The CPU a page and an item cost on this machine, for the cheapest crawler: the machine model of the best possible.
+
+Run: ``.venv/bin/python benchmarks/bench_machine.py [--seconds 20] [--rounds 3]``; writes
+benchmarks/results/bench_machine.json, which :mod:`scheduler_ext.sim.bound` reads (``MACHINE``).
+
+The cheapest crawler is plain Scrapy (``bench_node.PlainSearchSpider``: every result page a start request, no
+scheduling, no Redis) parsing the pages with the project's engine and storing the items through the same
+``MongoPipeline`` into a private ``nx-27017``, against the same simulated web. A crawl of the simulated web cannot
+do without any of the three processes, so the CPU a page costs is the sum of their CPU (user + system, every thread
+and child process), measured over a window of ``--seconds`` while the node crawls as fast as it can:
+
+* ``fast`` profile: every page served in 50 ms, all 10 results (10 items a page);
+* ``sparse`` profile: the same, 20 % of the results served (2 items a page).
+
+Two profiles give two equations, ``cpu = pages x page_cpu + items x item_cpu``, solved for the cost of a page
+(request, response, parse: node and web) and of an item (pipeline, storage: node and MongoDB). Each round runs both
+profiles; the figures kept are the *lowest* per round (the cheapest this machine did: a loaded machine makes CPU
+time dearer, never cheaper), so that a bound built on them stays an upper bound. Also reported: the node process's
+own CPU a page and an item, which bound one node's pages per second (one Python process: one core at most).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from bench_node import ADDRESS, SCRAPY, _cpu_seconds, _served, page_entries  # noqa: E402
+
+from product_crawl import services  # noqa: E402
+from product_crawl.simweb import SimWebProcess  # noqa: E402
+
+RESULTS = ROOT / "benchmarks" / "results" / "bench_machine.json"
+BENCH_NODE = ROOT / "benchmarks" / "bench_node.py"
+
+
+def profile(share: float) -> dict[str, Any]:
+    return {"name": f"bench-machine-{share}", "corpus": {"min": 3000, "max": 6000},
+            "default": {"share": share, "latency": {"mean": 0.05, "spread": 0.0}, "error_rate": 0.0,
+                        "block_rate": 0.0}}
+
+
+def tree(pid: int) -> list[int]:
+    """``pid`` and its descendants (nx-27017 may run its work in a child)."""
+    children: dict[int, list[int]] = {}
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                ppid = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):  # the process ended meanwhile
+                continue
+            children.setdefault(ppid, []).append(int(d.name))
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        todo += children.get(p, [])
+    return out
+
+
+def cpu(pids: list[int]) -> float:
+    return sum(_cpu_seconds(p) for p in pids)
+
+
+def run(share: float, seconds: float, tmp: Path, n: int, mongo_uri: str, mongo_pid: int) -> dict[str, float]:
+    import pymongo
+
+    path = tmp / f"{n}.json"
+    path.write_text(json.dumps(profile(share)))
+    database = f"bench_machine_{n}"
+    env = {**os.environ, "SCRAPY_SETTINGS_MODULE": "product_crawl.settings", "MONGO_URI": mongo_uri,
+           "MONGO_DATABASE": database, "PC_LOG_LEVEL": "WARNING", "PYTHONUNBUFFERED": "1"}
+    mongo: Any = pymongo.MongoClient(mongo_uri, serverSelectionTimeoutMS=5000)
+    with SimWebProcess(path, seed=1) as web, open(tmp / f"{n}.log", "wb") as log:
+        assert web.proc is not None
+        pages = tmp / f"{n}-pages.json"
+        pages.write_text(json.dumps(page_entries(web.url), ensure_ascii=False))
+        node = subprocess.Popen([SCRAPY, "runspider", str(BENCH_NODE), "-s",
+                                 f"PC_ENGINE_BASE_URLS={json.dumps({'baidu': web.url, 'weibo': web.url})}",
+                                 "-s", f"BENCH_PAGES={pages}", "-s", f"DOWNLOAD_BIND_ADDRESS={ADDRESS}"],
+                                cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+        try:
+            deadline = time.monotonic() + 120
+            while _served(web.url) < 200:  # past the start-up
+                if time.monotonic() > deadline or node.poll() is not None:
+                    raise RuntimeError(f"plain Scrapy did not start; see {tmp}/{n}.log")
+                time.sleep(0.05)
+            groups = {"node": tree(node.pid), "web": tree(web.proc.pid), "mongo": tree(mongo_pid)}
+            items0 = mongo[database]["items"].estimated_document_count()
+            c0, t0, cpu0 = _served(web.url), time.monotonic(), {k: cpu(v) for k, v in groups.items()}
+            time.sleep(seconds)
+            c1, t1, cpu1 = _served(web.url), time.monotonic(), {k: cpu(v) for k, v in groups.items()}
+            items1 = mongo[database]["items"].estimated_document_count()
+        finally:
+            node.send_signal(signal.SIGINT)
+            try:
+                node.wait(20)
+            except subprocess.TimeoutExpired:
+                node.kill()
+                node.wait()
+    mongo.drop_database(database)
+    mongo.close()
+    used = {k: cpu1[k] - cpu0[k] for k in cpu0}
+    return {"pages": c1 - c0, "items": items1 - items0, "seconds": t1 - t0, **{f"{k}_cpu": v for k, v in used.items()}}
+
+
+def solve(a: dict[str, float], b: dict[str, float], parts: tuple[str, ...]) -> tuple[float, float]:
+    """(CPU seconds a page, CPU seconds an item) of ``parts`` from two runs with different items per page."""
+    ca, cb = sum(a[f"{p}_cpu"] for p in parts), sum(b[f"{p}_cpu"] for p in parts)
+    det = a["pages"] * b["items"] - b["pages"] * a["items"]
+    page = (ca * b["items"] - cb * a["items"]) / det
+    item = (a["pages"] * cb - b["pages"] * ca) / det
+    return page, item
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--seconds", type=float, default=20.0)
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+    rounds = []
+    with tempfile.TemporaryDirectory(prefix="bench-machine-") as d:
+        tmp = Path(d)
+        port = services.free_port()
+        mongo_proc = services.start_mongo_server(port, tmp / "mongo")
+        try:
+            n = 0
+            for r in range(args.rounds):
+                runs = []
+                for share in (1.0, 0.2):
+                    n += 1
+                    runs.append(run(share, args.seconds, tmp, n, f"mongodb://127.0.0.1:{port}", mongo_proc.pid))
+                page, item = solve(runs[0], runs[1], ("node", "web", "mongo"))
+                node_page, node_item = solve(runs[0], runs[1], ("node",))
+                one = {"page_cpu": page, "item_cpu": item, "node_page_cpu": node_page, "node_item_cpu": node_item,
+                       "runs": runs}
+                rounds.append(one)
+                print(f"round {r + 1}: page {1000 * page:.2f} ms, item {1000 * item:.3f} ms, node alone "
+                      f"{1000 * node_page:.2f} ms a page, {1000 * node_item:.3f} ms an item; " + "; ".join(
+                          f"{x['pages'] / x['seconds']:.0f} pages/s, {x['items'] / max(1, x['pages']):.1f} items/page,"
+                          f" cpu node {x['node_cpu']:.1f} web {x['web_cpu']:.1f} mongo {x['mongo_cpu']:.1f} s"
+                          for x in runs), flush=True)
+        finally:
+            services.stop_pid(mongo_proc.pid)
+    # The cheapest round (lowest cost of a full page of 10 items), and the lowest node-alone figure.
+    best = min(rounds, key=lambda x: x["page_cpu"] + 10 * x["item_cpu"])
+    out = {"seconds": args.seconds, "rounds": args.rounds, "cores": os.cpu_count(),
+           "page_cpu": round(best["page_cpu"], 5), "item_cpu": round(max(0.0, best["item_cpu"]), 6),
+           "node_page_cpu": round(best["node_page_cpu"], 5), "node_item_cpu": round(max(0.0, best["node_item_cpu"]), 6),
+           "per_round": [{k: (round(v, 6) if isinstance(v, float) else v) for k, v in x.items()} for x in rounds]}
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS.write_text(json.dumps(out, indent=1) + "\n")
+    print(json.dumps({k: v for k, v in out.items() if k != "per_round"}))
+
+
+if __name__ == "__main__":
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    main()
