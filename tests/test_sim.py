@@ -11,21 +11,23 @@ from __future__ import annotations
 import itertools
 import json
 import random
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 from conftest import run_scrapy
 
-from scheduler_ext.control import Decision, EstimateCache
+from scheduler_ext.control import Decision, EstimateCache, Entry, Snapshot
 from scheduler_ext.keys import Keys
-from scheduler_ext.models import Report, Subtask
+from scheduler_ext.models import Report, Subtask, Task
 from scheduler_ext.sim import Simulation, TaskSpec
 from scheduler_ext.sim.bound import SiteWork, assign, best_possible
 from scheduler_ext.sim.configs import CONFIGS
 from scheduler_ext.sim.estimates import MemoryEstimates
 from scheduler_ext.sim.families import FAMILIES, generate
-from scheduler_ext.store import Store
+from scheduler_ext.store import Store, Write
+from scheduler_ext.strategies import NodeView
 
 
 @pytest.fixture
@@ -130,27 +132,51 @@ def test_a_simulation_is_reproducible_and_samples_like_a_real_run() -> None:
     assert len(pair) == 5 and pair[0] >= pair[1] >= 0  # offered, collected, runs, pages, estimate
 
 
+def _as_json(writes: list[Any]) -> list[Any]:
+    return [tuple(v.to_json() if isinstance(v, (Subtask, Task)) else v for v in w) for w in writes]
+
+
 class Logged(Simulation):
-    """A simulation that logs every decision it applies: (time, kind, subject, writes)."""
+    """A simulation that logs every decision it applies: (time, kind, subject, writes with records as JSON)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.log: list[tuple[float, str, str | None, list[Any]]] = []
 
     def _apply(self, decision: Decision) -> None:
-        self.log.append((self.now, decision.kind, decision.subject, list(decision.writes)))
+        self.log.append((self.now, decision.kind, decision.subject, _as_json(decision.writes)))
         super()._apply(decision)
 
 
 class EveryTick(Logged):
     """The simulator's former tick, the specification of the fast one: it decides every tick, whatever changed,
-    with the waiting records encoded anew and decoded by ``decide`` (no ``parsed``)."""
+    on the control's JSON path: reports, task and waiting records as JSON that ``decide`` decodes, records in
+    its writes as JSON (decoded here for the simulated state)."""
 
     def _nothing_to_decide(self, total_free: int) -> bool:
         return False
 
-    def _window(self, size: int) -> tuple[list[tuple[str, str | None]], dict[str, Subtask]]:
-        return [(sid, self.subtasks[sid].to_json()) for _, _, sid in self.waiting[:size]], {}
+    def _snapshot(self, reports: list[Report], failures: list[Report], stale: list[tuple[str, str | None]],
+                  nodes: list[NodeView], window: list[Subtask]) -> Snapshot:
+        k = self.keys
+        return Snapshot(keys=k, now=self.now, estimates=self.estimates, ids=self.ids,
+                        reports=[Entry(k.sleeping, raw, len(raw)) for raw in (r.to_json() for r in reports)],
+                        failures=[Entry(k.failed, raw, len(raw)) for raw in (r.to_json() for r in failures)],
+                        tasks={tid: s.task.to_json() if (s := self.tasks.get(tid)) else None
+                               for tid in {r.subtask.task for r in (*reports, *failures)}},
+                        stale=stale, nodes=nodes, waiting=[(st.id, st.to_json()) for st in window])
+
+    def _apply(self, decision: Decision) -> None:
+        k = self.keys
+        decode = {k.subtasks: Subtask.from_json, k.tasks: Task.from_json}
+        writes = []
+        for w in decision.writes:
+            if w[0] == "hset" and w[1] in decode:
+                w = Write((*w[:3], decode[w[1]](w[3])))
+            elif w[0] == "lpush":
+                w = Write((w[0], w[1], Subtask.from_json(w[2])))
+            writes.append(w)
+        super()._apply(replace(decision, writes=writes))
 
 
 @pytest.mark.parametrize(("name", "family"), [("bandit", "specialists"), ("bandit", "churn"), ("paper", "drift")])

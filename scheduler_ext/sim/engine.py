@@ -119,7 +119,6 @@ class Simulation:
         self.keys = Keys("{sim}")
         self._crawl_key, self._counts_key = self.keys.crawl(""), self.keys.node_counters("")
         self.ids = CountingIds()
-        self._taken: set[str] = set()
         self.model = model or NodeModel()
         self.sample_interval, self.pair_samples, self.on_sample = sample_interval, pair_samples, on_sample
         self.rng = random.Random(seed)
@@ -131,9 +130,10 @@ class Simulation:
         self.now = 0.0
         # scheduling state (the Redis keys of docs/redis-keys.md, in memory)
         self.tasks: dict[str, _TaskState] = {}
-        self.waiting: list[tuple[float, int, str]] = []  # (priority, id, ...) sorted
-        self.subtasks: dict[str, Subtask] = {}
-        self.records: dict[str, str] = {}  # waiting subtask id -> its record (JSON), made once
+        # ``waiting`` as a heap of (priority, id, subtask); an entry is current while ``subtasks[id]`` is its
+        # subtask (allocated, or requeued as a new record, it is skipped when it comes up)
+        self.waiting: list[tuple[float, int, Subtask]] = []
+        self.subtasks: dict[str, Subtask] = {}  # waiting subtask id -> its record
         self.queues: dict[str, list[Subtask]] = {n: [] for n in self.nodes}
         self.running: dict[str, dict[str, _Run]] = {n: {} for n in self.nodes}
         m = self.model
@@ -214,7 +214,7 @@ class Simulation:
     # --- tasks ------------------------------------------------------------------------------------------------------
     def _fill(self, want: int) -> None:
         """Make tasks from the source until ``want`` subtasks wait (or the source is empty)."""
-        while self._source_left and len(self.waiting) < want:
+        while self._source_left and len(self.subtasks) < want:
             spec = next(self._source, None)
             if spec is None:
                 self._source_left = False
@@ -229,10 +229,9 @@ class Simulation:
                                priority=task.priority, first_page=0, page_limit=self.page_limit,
                                time_limit=self.time_limit, since=self.now))
 
-    def _wait(self, st: Subtask, raw: str | None = None) -> None:
+    def _wait(self, st: Subtask) -> None:
         self.subtasks[st.id] = st
-        self.records[st.id] = st.to_json() if raw is None else raw
-        bisect.insort(self.waiting, (st.priority, int(st.id), st.id))
+        heapq.heappush(self.waiting, (st.priority, int(st.id), st))
 
     # --- the control ----------------------------------------------------------------------------------------------
     def _tick(self) -> None:
@@ -251,20 +250,29 @@ class Simulation:
         while self.lost and self.lost[0][0] <= self.now:
             _, st = self.lost.pop(0)
             stale.append((st.id, st.to_json()))
-        tids = {r.subtask.task for r in (*reports, *failures)}
-        waiting, parsed = self._window(size)
-        snap = Snapshot(
-            keys=k, now=self.now, estimates=self.estimates, ids=self.ids,
-            reports=[Entry(k.sleeping, raw, len(raw)) for raw in (r.to_json() for r in reports)],
-            failures=[Entry(k.failed, raw, len(raw)) for raw in (r.to_json() for r in failures)],
-            tasks={tid: self.tasks[tid].task.to_json() if tid in self.tasks else None for tid in tids},
-            stale=stale, nodes=nodes,
-            waiting=waiting, parsed=parsed)
+        window = self._window(size)
+        snap = self._snapshot(reports, failures, stale, nodes, [st for _, _, st in window])
+        self.estimates.read()
         for decision in decide(snap, self.strategies, self.now):
             self._apply(decision)
-        if self._taken:
-            self.waiting = [w for w in self.waiting if w[2] not in self._taken]
-            self._taken.clear()
+        for entry in window:  # what allocation left waits on
+            if self.subtasks.get(entry[2].id) is entry[2]:
+                heapq.heappush(self.waiting, entry)
+
+    def _snapshot(self, reports: list[Report], failures: list[Report], stale: list[tuple[str, str | None]],
+                  nodes: list[NodeView], window: list[Subtask]) -> Snapshot:
+        """What the control would read, on the object path (Snapshot.objects): reports, task records and waiting
+        subtasks go in as the objects the control would decode from Redis, and the records of the decisions'
+        writes come back as objects. A waiting subtask's "record" is its id, under which ``parsed`` holds it."""
+        k = self.keys
+        return Snapshot(
+            keys=k, now=self.now, estimates=self.estimates, ids=self.ids,
+            reports=[Entry(k.sleeping, "", 0, report=r) for r in reports],
+            failures=[Entry(k.failed, "", 0, report=r) for r in failures],
+            tasks={tid: state.task if (state := self.tasks.get(tid)) else None
+                   for tid in {r.subtask.task for r in (*reports, *failures)}},
+            stale=stale, nodes=nodes, waiting=[(st.id, st.id) for st in window], parsed={st.id: st for st in window},
+            objects=True)
 
     def _nothing_to_decide(self, total_free: int) -> bool:
         """True if :func:`decide` would read this tick and decide nothing: no free slot (nothing is allocated
@@ -272,22 +280,28 @@ class Simulation:
         return not total_free and not self.reports and not self.failures \
             and not (self.lost and self.lost[0][0] <= self.now)
 
-    def _window(self, size: int) -> tuple[list[tuple[str, str | None]], dict[str, Subtask]]:
-        """The first ``size`` waiting subtasks as the control reads them: (id, record), and record -> subtask
-        (their records were encoded once, when they entered ``waiting``; ``decide`` need not decode them)."""
-        ids = [sid for _, _, sid in self.waiting[:size]]
-        return [(sid, self.records[sid]) for sid in ids], {self.records[sid]: self.subtasks[sid] for sid in ids}
+    def _window(self, size: int) -> list[tuple[float, int, Subtask]]:
+        """The first ``size`` waiting subtasks, taken off the heap (the caller puts back those still waiting):
+        a tick costs the window, not the waiting set."""
+        out: list[tuple[float, int, Subtask]] = []
+        heap, current = self.waiting, self.subtasks
+        while heap and len(out) < size:
+            entry = heapq.heappop(heap)
+            if current.get(entry[2].id) is entry[2]:
+                out.append(entry)
+        return out
 
     def _apply(self, decision: Decision) -> None:
-        """Apply one decision's writes to the simulated state (its guards hold: nothing runs between the steps)."""
+        """Apply one decision's writes to the simulated state (its guards hold: nothing runs between the steps).
+        On the object path the records in the writes are the Subtask and Task objects themselves."""
         k = self.keys
-        records: dict[str, str] = {}
+        records: dict[str, Subtask] = {}
         for w in decision.writes:
             op, key = w[0], w[1]
             if op == "hset" and key == k.subtasks:
                 records[w[2]] = w[3]
             elif op == "hset" and key == k.tasks:
-                task = Task.from_json(w[3])
+                task: Task = w[3]
                 state = self.tasks.get(task.id)
                 if state is not None:
                     state.task = task
@@ -295,16 +309,16 @@ class Simulation:
                         self.tasks_done += 1
                         del self.tasks[task.id]  # nothing refers to it any more: memory stays bounded at scale
             elif op == "zadd" and key == k.waiting:
-                self._wait(Subtask.from_json(records[w[3]]), records[w[3]])
+                self._wait(records[w[3]])
             elif op == "lpush" and key.startswith(self._crawl_key):
-                self._queue(key[len(self._crawl_key):], Subtask.from_json(w[2]))
+                self._queue(key[len(self._crawl_key):], w[2])
             elif op == "hincrby" and key.startswith(self._counts_key):
                 self._count(key[len(self._counts_key):], w[2], int(w[3]))
+            elif op == "hdel" and key == k.subtasks:  # dead-lettered
+                self.subtasks.pop(w[2], None)
         if decision.kind == "allocate":
             self.allocated += 1
-            self._taken.add(decision.subject)
             self.subtasks.pop(decision.subject, None)
-            self.records.pop(decision.subject, None)
 
     def live_nodes(self) -> list[NodeView]:
         return [NodeView(id=n.id, types=list(n.types), address=n.address,
@@ -487,7 +501,7 @@ class Simulation:
                 nid, site = key.split("|", 1)
                 e = est.get(site, {}).get(nid)
                 pairs[key] = [int(o), int(c), int(r), int(p), None if e is None else e.c]
-        s = {"t": round(min(self.now, self.duration), 2), "items": self.unique, "waiting": len(self.waiting),
+        s = {"t": round(min(self.now, self.duration), 2), "items": self.unique, "waiting": len(self.subtasks),
              "tasks": self.tasks_made, "tasks_done": self.tasks_done,
              "pairs": pairs}
         self.samples.append(s)
@@ -502,9 +516,23 @@ class Simulation:
                 "first_use": {f"{n}|{s}": v for (n, s), v in self.first_use.items()}}
 
 
+_CDFS: dict[tuple[int, float], list[float]] = {}
+
+
 def _binomial(rng: random.Random, n: int, p: float) -> int:
+    """A Binomial(n, p) draw by inversion: one uniform, the distribution function tabled once per (n, p) (the
+    worlds have a few thousand distinct shares; pages have ``PAGE_SIZE`` results but the last)."""
     if n <= 0 or p <= 0:
         return 0
     if p >= 1:
         return n
-    return sum(1 for _ in range(n) if rng.random() < p)
+    cdf = _CDFS.get((n, p))
+    if cdf is None:
+        if len(_CDFS) > 100_000:
+            _CDFS.clear()
+        cdf, total = [], 0.0
+        for k in range(n):
+            total += math.comb(n, k) * p ** k * (1 - p) ** (n - k)
+            cdf.append(total)
+        _CDFS[(n, p)] = cdf
+    return bisect.bisect_right(cdf, rng.random())
