@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from conftest import run_scrapy
 
-from scheduler_ext.control import Decision, EstimateCache, Entry, Snapshot
+from scheduler_ext.control import Decision, Entry, EstimateCache, Snapshot
 from scheduler_ext.keys import Keys
 from scheduler_ext.models import Report, Subtask, Task
 from scheduler_ext.sim import Simulation, TaskSpec

@@ -150,6 +150,7 @@ class Simulation:
         self.failures: list[Report] = []
         self.lost: list[tuple[float, Subtask]] = []  # (when the control notices, subtask) of nodes that left
         self.polling: set[str] = set()
+        self._views: dict[str, NodeView] = {}
         self._pending_pages: dict[str, dict[int, int]] = {}  # subtask id -> page -> results collected
         # measurements
         self.unique = 0
@@ -243,7 +244,6 @@ class Simulation:
             return
         size = self.strategies.window(total_free) if total_free else 0
         self._fill(size)
-        k = self.keys
         reports, self.reports = self.reports, []
         failures, self.failures = self.failures, []
         stale: list[tuple[str, str | None]] = []
@@ -321,9 +321,18 @@ class Simulation:
             self.subtasks.pop(decision.subject, None)
 
     def live_nodes(self) -> list[NodeView]:
-        return [NodeView(id=n.id, types=list(n.types), address=n.address,
-                         free=max(0, self.prefetch[n.id] - len(self.queues[n.id])))
-                for n in self.nodes.values() if self.live(n.id)]
+        """The live nodes as the control reads them; a node's view is made again only when its free slots
+        changed (allocation reads the views, never changes them)."""
+        out, views, now = [], self._views, self.now
+        for n in self.nodes.values():
+            if not n.joins <= now < n.leaves:
+                continue
+            free = max(0, self.prefetch[n.id] - len(self.queues[n.id]))
+            view = views.get(n.id)
+            if view is None or view.free != free:
+                view = views[n.id] = NodeView(id=n.id, types=list(n.types), address=n.address, free=free)
+            out.append(view)
+        return out
 
     def _adapt_prefetch(self) -> None:
         """The adaptive prefetch (``scheduler.SubtaskScheduler._adapt_prefetch``): about two ticks of takes."""
