@@ -40,7 +40,7 @@ def run_experiment(opts: Options, *, redis_url: str = "", mongo_uri: str = "", p
 
     opts.out.mkdir(parents=True, exist_ok=True)
     (opts.out / "raw").mkdir(exist_ok=True)
-    totals = corpus_totals(opts.profile, opts.sites, opts.seed)
+    totals = corpus_totals(opts.profile, opts.sites, opts.seed, opts.products)
     raws: dict[str, dict[str, Any]] = {}
     repeats: dict[str, list[int]] = {}
     for i, name in enumerate(opts.configurations, 1):
