@@ -226,6 +226,44 @@ def test_bandit_beats_the_paper_and_fifo_where_the_paper_loses() -> None:
         assert items["bandit"] > items["paper"] > items["fifo"], (family, items)
 
 
+def test_a_large_cluster_loses_no_subtask_and_allocates_none_twice() -> None:
+    """The scale path (the object path through decide, the waiting heap, node views kept across ticks) on a few
+    hundred nodes, nodes leaving included: at the end every open task has exactly one subtask somewhere (waiting,
+    in a crawl queue, running, or lost with a node that left and not yet recalled) unless the recall strategy
+    dead-lettered it (too many attempts), and each allocation took a subtask that was waiting."""
+    world = generate("churn", nodes=300, sites=40, duration=40, seed=5)
+    for n in world.nodes:  # leave early enough for the control to notice (recall age 20 s) within the run
+        n.leaves = min(n.leaves, 12.0) if n.leaves < 40 else n.leaves
+    allocation, modification, recall = CONFIGS["bandit"](5)
+
+    class Checked(Simulation):
+        allocations = 0
+        dead: list[str] = []  # the tasks of dead-lettered subtasks
+
+        def _apply(self, decision: Decision) -> None:
+            if decision.kind == "allocate":
+                assert decision.subject in self.subtasks, f"allocated {decision.subject}, not waiting"
+                self.allocations += 1
+            self.dead += [json.loads(w[3])["subtask"]["task"] for w in decision.writes
+                          if w[0] == "hset" and w[1] == self.keys.dead]
+            super()._apply(decision)
+
+    rng = random.Random(5)  # small tasks, so that many finish and their records go
+    tasks = [TaskSpec(f"p{p}", site, rng.randint(20, 300)) for p in range(60) for site in world.sites]
+    sim = Checked(world, world.nodes, tasks, allocation=allocation, modification=modification,
+                  recall=recall, duration=40, tick=1.0, seed=5, pair_samples=False)
+    raw = sim.run()
+    assert raw["samples"][-1]["items"] == sum(raw["items_by_node"].values()) > 10_000
+    assert sim.allocations == raw["allocated"] > 3_000 and sim.tasks_done > 0
+    assert sum(c.get("recalled", 0) for c in sim.counts.values()) > 0  # the leavers' work came back
+    held: list[str] = [*(st.task for st in sim.subtasks.values()),
+                       *(st.task for q in sim.queues.values() for st in q),
+                       *(run.st.task for r in sim.running.values() for run in r.values()),
+                       *(st.task for _, st in sim.lost)]
+    assert sorted(held + sim.dead) == sorted(sim.tasks), "an open task has no subtask, or two"
+    assert sim.tasks_made == sim.tasks_done + len(sim.tasks)
+
+
 # --- scrapy experiment --sim -----------------------------------------------------------------------------------------
 
 def test_experiment_sim_writes_the_summary_and_report(tmp_path: Path) -> None:
