@@ -8,6 +8,7 @@ with the simulator's.
 
 from __future__ import annotations
 
+import io
 import itertools
 import json
 import random
@@ -18,6 +19,7 @@ from typing import Any
 import pytest
 from conftest import run_scrapy
 
+from product_crawl.experiment.runner import Progress
 from scheduler_ext.control import Decision, Entry, EstimateCache, Snapshot
 from scheduler_ext.keys import Keys
 from scheduler_ext.models import Report, Subtask, Task
@@ -287,6 +289,44 @@ def test_experiment_sim_refuses_repeat_without_sim(tmp_path: Path) -> None:
     result = run_scrapy(["experiment", "--repeat", "3", "--out", str(tmp_path / "x")], env={"PATH": "/usr/bin:/bin"},
                         timeout=60)
     assert result.returncode == 2 and "--repeat: expected 1, or more with --sim" in result.stderr
+
+
+def test_experiment_sim_runs_a_generated_cluster_with_many_products(tmp_path: Path) -> None:
+    from product_crawl.experiment import make_options, run_experiment
+    from product_crawl.experiment.report import console_table
+
+    opts = make_options(profile="generated:drift", nodes=30, sites=6, products=12, duration=30, sim=True, repeat=2,
+                        strategies="dynamic,shared", out=tmp_path / "gen")
+    assert len(opts.nodes) == 30 and opts.sites == [f"s{j}.example" for j in range(6)]
+    assert [p["name"] for p in opts.products][-2:] == ["product 11", "product 12"]
+    summary, report = run_experiment(opts, progress=Progress(io.StringIO()))
+    assert summary["corpus"]["queries"] == 72 and len(summary["corpus"]["per_query"]) == 12
+    assert summary["profile"]["phases"] == [11.0, 21.0]  # drift's changes at 37 % and 71 % of the run, to the second
+    assert summary["runs"]["dynamic"]["unique_items"] > summary["runs"]["shared"]["unique_items"] > 0
+    assert summary["distribution"]["dynamic"]["vs_shared"]["n"] == 2
+    lines = console_table(summary)
+    assert "items per node over the 30 nodes (first stored by):" in lines
+    assert any("... (18 more; over all 30 nodes: min" in line for line in lines)
+    assert "Ratio distribution over simulated seeds" in report.read_text(encoding="utf-8")
+
+
+@pytest.mark.parametrize(("options", "message"), [
+    ({"profile": "generated:nope", "sim": True}, "--profile: unknown generated family 'nope'; expected"),
+    ({"profile": "generated:churn", "sim": True}, "unknown generated family 'churn'"),
+    ({"profile": "generated:drift"}, "a generated profile is for the simulator (--sim)"),
+    ({"profile": "paper", "sites": 5, "sim": True}, "--sites: only with a generated profile"),
+    ({"profile": "generated:drift", "sites": 0, "sim": True}, "--sites: expected 1 .. 10000 sites, got 0"),
+    ({"profile": "generated:drift", "nodes": 0, "sim": True}, "--nodes: expected 1 .. 100000 simulated nodes"),
+    ({"products": 10}, "--products: expected 1 .. 100000 products with --sim"),
+    ({"products": 0, "sim": True}, "--products: expected 1 .. 100000 products with --sim (a real run searches the "
+                                   "paper's four), got 0"),
+])
+def test_experiment_sim_refuses_bad_scale_options(options: dict[str, Any], message: str) -> None:
+    from product_crawl.experiment import ExperimentError, make_options
+
+    with pytest.raises(ExperimentError) as info:
+        make_options(**options)
+    assert message in str(info.value)
 
 
 # --- agreement with real runs ----------------------------------------------------------------------------------------

@@ -47,7 +47,8 @@ def run_experiment(opts: Options, *, redis_url: str = "", mongo_uri: str = "", p
         label = f"{name} {i}/{len(opts.configurations)}"
         if opts.sim:
             runs = [simulate_configuration(name, opts, seed=opts.seed + k, progress=progress or Progress(),
-                                           label=f"{label} seed {opts.seed + k}") for k in range(opts.repeat)]
+                                           label=f"{label} seed {opts.seed + k}", totals=totals)
+                    for k in range(opts.repeat)]
             raw = runs[0]
             repeats[name] = [r["samples"][-1]["items"] for r in runs]
         else:

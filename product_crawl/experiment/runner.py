@@ -287,8 +287,9 @@ def scrapy_redis_start_urls(base_url: str, sites: Sequence[str]) -> list[str]:
 def corpus_totals(profile: Profile, sites: Sequence[str], seed: int,
                   products: Sequence[dict[str, str]] = PRODUCTS) -> dict[str, dict[str, int]]:
     """What the simulated web holds for each (product, site): the engine-reported total of its query."""
-    return {p["name"]: {site: corpus_size(keywords_for(p["name"], p.get("brand")), site, seed, profile.corpus_min,
-                                          profile.corpus_max) for site in sites} for p in products}
+    words = {p["name"]: keywords_for(p["name"], p.get("brand")) for p in products}  # segmented once per product
+    return {name: {site: corpus_size(w, site, seed, profile.corpus_min, profile.corpus_max) for site in sites}
+            for name, w in words.items()}
 
 
 def expected_completion(profile: Profile, address: str, site: str, elapsed: float) -> float:

@@ -98,6 +98,19 @@ class ProfileWorld:
         return list(self._changes)
 
 
+_WORLDS: dict[int, tuple[Options, ProfileWorld]] = {}
+
+
+def profile_world(opts: Options) -> ProfileWorld:
+    """The :class:`ProfileWorld` of ``opts``, made once per experiment (a large profile resolves its pairs as
+    asked: the runs and the bound of one experiment share what was resolved)."""
+    hit = _WORLDS.get(id(opts))
+    if hit is None or hit[0] is not opts:
+        _WORLDS.clear()
+        hit = _WORLDS[id(opts)] = (opts, ProfileWorld(opts.profile, {n.id: n.address for n in opts.nodes}))
+    return hit[1]
+
+
 def build_strategies(settings: dict[str, Any], profile: Profile) -> tuple[Any, Any, Any, Config]:
     """(allocation, modification, recall, config) of a configuration, built as the control builds them."""
     from scrapy.utils.test import get_crawler
@@ -116,19 +129,22 @@ def build_strategies(settings: dict[str, Any], profile: Profile) -> tuple[Any, A
             config)
 
 
-def task_specs(opts: Options) -> Iterator[TaskSpec]:
-    """The products on every site, in the order the splitter makes them, with the web's result counts."""
-    totals = corpus_totals(opts.profile, opts.sites, opts.seed, opts.products)
+def task_specs(opts: Options, totals: dict[str, dict[str, int]] | None = None) -> Iterator[TaskSpec]:
+    """The products on every site, in the order the splitter makes them, with the web's result counts
+    (``totals``, if the caller has them: :func:`corpus_totals`)."""
+    totals = totals or corpus_totals(opts.profile, opts.sites, opts.seed, opts.products)
     for product in opts.products:
         for site in opts.sites:
             yield TaskSpec(product["name"], site, totals[product["name"]][site])
 
 
 def simulate_configuration(name: str, opts: Options, *, model: NodeModel | None = None, seed: int | None = None,
-                           progress: Progress | None = None, label: str = "") -> dict[str, Any]:
+                           progress: Progress | None = None, label: str = "",
+                           totals: dict[str, dict[str, int]] | None = None) -> dict[str, Any]:
     """Run configuration ``name`` on the simulator; the raw record of a run (as ``run_configuration`` returns).
 
-    ``seed`` (default ``opts.seed``) seeds the simulation's draws and the bandit's."""
+    ``seed`` (default ``opts.seed``) seeds the simulation's draws and the bandit's; ``totals``: the queries'
+    result counts if the caller has them (:func:`corpus_totals`)."""
     seed = opts.seed if seed is None else seed
     settings = {**CLUSTER_SETTINGS, **CONFIGURATIONS[name][1], **opts.overrides}
     # The bandit's draws follow the run's seed, so that a simulated run is reproducible.
@@ -136,9 +152,8 @@ def simulate_configuration(name: str, opts: Options, *, model: NodeModel | None 
                                                                 opts.profile)
     nodes = [SimNode(n.id, tuple(int(t) for t in str(n.types).split(",")), prefetch=config.prefetch,
                      address=n.address) for n in opts.nodes]
-    world = ProfileWorld(opts.profile, {n.id: n.address for n in opts.nodes})
-    sim = Simulation(world, nodes, task_specs(opts), allocation=allocation, modification=modification,
-                     recall=recall, duration=opts.duration, tick=config.tick_interval,
+    sim = Simulation(profile_world(opts), nodes, task_specs(opts, totals), allocation=allocation,
+                     modification=modification, recall=recall, duration=opts.duration, tick=config.tick_interval,
                      page_limit=config.page_limit, time_limit=config.time_limit, alpha=config.estimate_alpha,
                      recall_age=config.recall_age, model=model, sample_interval=opts.sample_interval,
                      seed=seed, pair_samples=len(nodes) * len(opts.sites) <= 10_000)
@@ -154,7 +169,7 @@ def best_possible(opts: Options, totals: dict[str, dict[str, int]], model: NodeM
                   ) -> dict[str, Any]:
     """The best possible unique items of a run of ``opts`` (:func:`scheduler_ext.sim.bound.best_possible`): the
     profile's true rates over time, the experiment's nodes and tasks."""
-    world = ProfileWorld(opts.profile, {n.id: n.address for n in opts.nodes})
+    world = profile_world(opts)
     nodes = [SimNode(n.id, tuple(int(t) for t in str(n.types).split(",")), address=n.address) for n in opts.nodes]
     work = {site: SiteWork(0, sum(1 for p in totals if site in totals[p]),
                            sum(totals[p].get(site, 0) for p in totals)) for site in opts.sites}
