@@ -118,6 +118,7 @@ class Simulation:
                                      recall_age=self.recall_age)
         self.keys = Keys("{sim}")
         self._crawl_key, self._counts_key = self.keys.crawl(""), self.keys.node_counters("")
+        self._write_keys = (self.keys.subtasks, self.keys.tasks, self.keys.waiting)
         self.ids = CountingIds()
         self.model = model or NodeModel()
         self.sample_interval, self.pair_samples, self.on_sample = sample_interval, pair_samples, on_sample
@@ -294,13 +295,13 @@ class Simulation:
     def _apply(self, decision: Decision) -> None:
         """Apply one decision's writes to the simulated state (its guards hold: nothing runs between the steps).
         On the object path the records in the writes are the Subtask and Task objects themselves."""
-        k = self.keys
+        k_subtasks, k_tasks, k_waiting = self._write_keys
         records: dict[str, Subtask] = {}
         for w in decision.writes:
             op, key = w[0], w[1]
-            if op == "hset" and key == k.subtasks:
+            if op == "hset" and key == k_subtasks:
                 records[w[2]] = w[3]
-            elif op == "hset" and key == k.tasks:
+            elif op == "hset" and key == k_tasks:
                 task: Task = w[3]
                 state = self.tasks.get(task.id)
                 if state is not None:
@@ -308,13 +309,13 @@ class Simulation:
                     if task.done:
                         self.tasks_done += 1
                         del self.tasks[task.id]  # nothing refers to it any more: memory stays bounded at scale
-            elif op == "zadd" and key == k.waiting:
+            elif op == "zadd" and key == k_waiting:
                 self._wait(records[w[3]])
             elif op == "lpush" and key.startswith(self._crawl_key):
                 self._queue(key[len(self._crawl_key):], w[2])
             elif op == "hincrby" and key.startswith(self._counts_key):
                 self._count(key[len(self._counts_key):], w[2], int(w[3]))
-            elif op == "hdel" and key == k.subtasks:  # dead-lettered
+            elif op == "hdel" and key == k_subtasks:  # dead-lettered
                 self.subtasks.pop(w[2], None)
         if decision.kind == "allocate":
             self.allocated += 1
