@@ -23,7 +23,7 @@ from typing import Any
 
 from product_crawl.experiment.runner import WINDOW
 
-MAX_PANELS = 24  # nodes drawn in Figure 4 (the first ones): a panel per node of a 1,000-node simulation is unreadable
+MAX_PANELS = 24  # nodes drawn in Figures 4 and 5 (the first ones): 1,000 panels or bars are unreadable
 MAX_LISTED = 12  # nodes (products) named one by one in the console and the report's header; more: a summary
 
 
@@ -91,7 +91,7 @@ def plot_completion(summary: dict[str, Any], configuration: str, path: Path) -> 
 def plot_gains(summary: dict[str, Any], path: Path) -> None:
     """Figure 5: per node, grouped bars of the relative gain per strategy (and of dynamic over shared)."""
     plt = _pyplot()
-    nodes = list(summary["nodes"])
+    nodes = list(summary["nodes"])[:MAX_PANELS]
     series: list[tuple[str, dict[str, float | None]]] = [
         (f"{s} (vs dynamic without it)", v) for s, v in summary["gains"].get("strategies", {}).items()]
     if "over_shared" in summary["gains"]:
@@ -107,7 +107,8 @@ def plot_gains(summary: dict[str, Any], path: Path) -> None:
     ax.axhline(0, color="black", linewidth=0.8)
     ax.set_xticks(range(len(nodes)), nodes)
     ax.set_ylabel("gain in items collected (%)")
-    ax.set_title("Efficiency gain per node attributed to each strategy")
+    shown = "" if len(summary["nodes"]) <= MAX_PANELS else f" (the first {MAX_PANELS} of {len(summary['nodes'])} nodes)"
+    ax.set_title(f"Efficiency gain per node attributed to each strategy{shown}")
     if series:
         ax.legend(fontsize=8)
     ax.grid(axis="y", alpha=0.3)
