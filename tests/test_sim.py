@@ -295,18 +295,18 @@ def test_experiment_sim_runs_a_generated_cluster_with_many_products(tmp_path: Pa
     from product_crawl.experiment import make_options, run_experiment
     from product_crawl.experiment.report import console_table
 
-    opts = make_options(profile="generated:drift", nodes=30, sites=6, products=12, duration=30, sim=True, repeat=2,
+    opts = make_options(profile="generated:drift", nodes=16, sites=5, products=8, duration=24, sim=True, repeat=2,
                         strategies="dynamic,shared", out=tmp_path / "gen")
-    assert len(opts.nodes) == 30 and opts.sites == [f"s{j}.example" for j in range(6)]
-    assert [p["name"] for p in opts.products][-2:] == ["product 11", "product 12"]
+    assert len(opts.nodes) == 16 and opts.sites == [f"s{j}.example" for j in range(5)]
+    assert [p["name"] for p in opts.products][-2:] == ["product 7", "product 8"]
     summary, report = run_experiment(opts, progress=Progress(io.StringIO()))
-    assert summary["corpus"]["queries"] == 72 and len(summary["corpus"]["per_query"]) == 12
-    assert summary["profile"]["phases"] == [11.0, 21.0]  # drift's changes at 37 % and 71 % of the run, to the second
+    assert summary["corpus"]["queries"] == 40 and len(summary["corpus"]["per_query"]) == 8
+    assert summary["profile"]["phases"] == [9.0, 17.0]  # drift's changes at 37 % and 71 % of the run, to the second
     assert summary["runs"]["dynamic"]["unique_items"] > summary["runs"]["shared"]["unique_items"] > 0
     assert summary["distribution"]["dynamic"]["vs_shared"]["n"] == 2
     lines = console_table(summary)
-    assert "items per node over the 30 nodes (first stored by):" in lines
-    assert any("... (18 more; over all 30 nodes: min" in line for line in lines)
+    assert "items per node over the 16 nodes (first stored by):" in lines
+    assert any("... (4 more; over all 16 nodes: min" in line for line in lines)
     assert "Ratio distribution over simulated seeds" in report.read_text(encoding="utf-8")
 
 
