@@ -266,6 +266,19 @@ def test_a_large_cluster_loses_no_subtask_and_allocates_none_twice() -> None:
     assert sim.tasks_made == sim.tasks_done + len(sim.tasks)
 
 
+def test_waiting_offers_a_requeued_subtask_once() -> None:
+    """A subtask requeued while an old entry of it is still in the waiting heap (allocated in the tick that made
+    it, recalled later): the heap never compares the two records, and the window offers the current one once."""
+    world = generate("specialists", nodes=2, sites=1, duration=10, seed=0)
+    allocation, modification, recall = CONFIGS["fifo"](0)
+    sim = Simulation(world, world.nodes, [], allocation=allocation, modification=modification, recall=recall,
+                     duration=10)
+    st = Subtask(id="7", task="1", site="s0.example", first_page=0, page_limit=5, time_limit=30.0)
+    for attempt in range(20):
+        sim._wait(replace(st, attempt=attempt))
+    assert [entry[3].attempt for entry in sim._window(10)] == [19]
+
+
 # --- scrapy experiment --sim -----------------------------------------------------------------------------------------
 
 def test_experiment_sim_writes_the_summary_and_report(tmp_path: Path) -> None:

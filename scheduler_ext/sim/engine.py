@@ -131,9 +131,10 @@ class Simulation:
         self.now = 0.0
         # scheduling state (the Redis keys of docs/redis-keys.md, in memory)
         self.tasks: dict[str, _TaskState] = {}
-        # ``waiting`` as a heap of (priority, id, subtask); an entry is current while ``subtasks[id]`` is its
-        # subtask (allocated, or requeued as a new record, it is skipped when it comes up)
-        self.waiting: list[tuple[float, int, Subtask]] = []
+        # ``waiting`` as a heap of (priority, id, entry number, subtask); an entry is current while ``subtasks[id]``
+        # is its subtask (allocated, or requeued as a new record, it is skipped when it comes up). The entry number
+        # orders a requeued subtask's entries, so that two never compare their subtasks.
+        self.waiting: list[tuple[float, int, int, Subtask]] = []
         self.subtasks: dict[str, Subtask] = {}  # waiting subtask id -> its record
         self.queues: dict[str, list[Subtask]] = {n: [] for n in self.nodes}
         self.running: dict[str, dict[str, _Run]] = {n: {} for n in self.nodes}
@@ -233,7 +234,8 @@ class Simulation:
 
     def _wait(self, st: Subtask) -> None:
         self.subtasks[st.id] = st
-        heapq.heappush(self.waiting, (st.priority, int(st.id), st))
+        self._seq += 1
+        heapq.heappush(self.waiting, (st.priority, int(st.id), self._seq, st))
 
     # --- the control ----------------------------------------------------------------------------------------------
     def _tick(self) -> None:
@@ -252,12 +254,12 @@ class Simulation:
             _, st = self.lost.pop(0)
             stale.append((st.id, st.to_json()))
         window = self._window(size)
-        snap = self._snapshot(reports, failures, stale, nodes, [st for _, _, st in window])
+        snap = self._snapshot(reports, failures, stale, nodes, [entry[3] for entry in window])
         self.estimates.read()
         for decision in decide(snap, self.strategies, self.now):
             self._apply(decision)
         for entry in window:  # what allocation left waits on
-            if self.subtasks.get(entry[2].id) is entry[2]:
+            if self.subtasks.get(entry[3].id) is entry[3]:
                 heapq.heappush(self.waiting, entry)
 
     def _snapshot(self, reports: list[Report], failures: list[Report], stale: list[tuple[str, str | None]],
@@ -281,14 +283,14 @@ class Simulation:
         return not total_free and not self.reports and not self.failures \
             and not (self.lost and self.lost[0][0] <= self.now)
 
-    def _window(self, size: int) -> list[tuple[float, int, Subtask]]:
+    def _window(self, size: int) -> list[tuple[float, int, int, Subtask]]:
         """The first ``size`` waiting subtasks, taken off the heap (the caller puts back those still waiting):
         a tick costs the window, not the waiting set."""
-        out: list[tuple[float, int, Subtask]] = []
+        out: list[tuple[float, int, int, Subtask]] = []
         heap, current = self.waiting, self.subtasks
         while heap and len(out) < size:
             entry = heapq.heappop(heap)
-            if current.get(entry[2].id) is entry[2]:
+            if current.get(entry[3].id) is entry[3]:
                 out.append(entry)
         return out
 
