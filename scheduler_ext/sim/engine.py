@@ -131,6 +131,7 @@ class Simulation:
         self.now = 0.0
         # scheduling state (the Redis keys of docs/redis-keys.md, in memory)
         self.tasks: dict[str, _TaskState] = {}
+        self._open_pairs: dict[tuple[str, str], int] = {}  # (product, site) -> its open tasks
         # ``waiting`` as a heap of (priority, id, entry number, subtask); an entry is current while ``subtasks[id]``
         # is its subtask (allocated, or requeued as a new record, it is skipped when it comes up). The entry number
         # orders a requeued subtask's entries, so that two never compare their subtasks.
@@ -228,6 +229,7 @@ class Simulation:
             self.tasks_made += 1
             pages = max(1, math.ceil(spec.results / PAGE_SIZE))
             self.tasks[tid] = _TaskState(task, pages, spec.results)
+            self._open_pairs[(spec.group, spec.site)] = self._open_pairs.get((spec.group, spec.site), 0) + 1
             self._wait(Subtask(id=self._id(), task=tid, site=spec.site, group=spec.group, type=spec.type,
                                priority=task.priority, first_page=0, page_limit=self.page_limit,
                                time_limit=self.time_limit, since=self.now))
@@ -310,7 +312,14 @@ class Simulation:
                     state.task = task
                     if task.done:
                         self.tasks_done += 1
-                        del self.tasks[task.id]  # nothing refers to it any more: memory stays bounded at scale
+                        # nothing refers to it any more, nor to its product's figures on the site once no other
+                        # task of the pair is open: memory stays bounded by the open tasks at scale
+                        del self.tasks[task.id]
+                        pair = (task.group, task.site)
+                        self._open_pairs[pair] -= 1
+                        if not self._open_pairs[pair]:
+                            del self._open_pairs[pair]
+                            self.estimates.forget_group(*pair)
             elif op == "zadd" and key == k_waiting:
                 self._wait(records[w[3]])
             elif op == "lpush" and key.startswith(self._crawl_key):

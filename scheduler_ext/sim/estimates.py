@@ -73,6 +73,11 @@ class MemoryEstimates:
         update(self.sites.setdefault(site, {}), site_sums, True)
         update(self.groups.setdefault((group, site), {}), self._group_sums.setdefault((group, site), {}), False)
 
+    def forget_group(self, group: str, site: str) -> None:
+        """Drop the (product, site) figures (the simulator: the product's task on the site is done)."""
+        self.groups.pop((group, site), None)
+        self._group_sums.pop((group, site), None)
+
     def read(self) -> None:
         """A control reads the estimates (a tick starts): later runs copy the sums they change again."""
         self._copied.clear()
