@@ -46,7 +46,8 @@ class Command(ScrapyCommand):
                                  f"{', '.join(PROFILE_FAMILIES)}; docs/experiment.md)")
         parser.set_defaults(profile=None)
         parser.add_argument("--duration", type=float, default=90.0, metavar="SECONDS",
-                            help=f"wall time of each configuration, >= {MIN_DURATION:.0f} (default: 90)")
+                            help=f"wall time of each configuration (simulated time with --sim), >= {MIN_DURATION:.0f} "
+                                 "(default: 90)")
         parser.add_argument("--strategies", default=",".join(DEFAULT_CONFIGURATIONS), metavar="LIST",
                             help=f"comma-separated configurations from {', '.join(CONFIGURATIONS)} "
                                  f"(default: {','.join(DEFAULT_CONFIGURATIONS)})")
