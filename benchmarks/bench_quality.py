@@ -9,8 +9,13 @@ For every family and seed: one generated world, each configuration of scheduler_
 items / best possible, bandit / paper, bandit / fifo, and for the families where pairs turn good, the delay from a
 pair turning good to its first run (only pairs that the best schedule uses once they are good).
 
-``--scale`` also times one bandit run of 1,000 nodes x 200 sites x 10,000 products (``--scale-duration`` simulated
-seconds, default 600) and extrapolates to a simulated day; ``--families none --scale`` times that run alone.
+``--scale`` also times runs of 1,000 nodes x 200 sites x 10,000 products (``--scale-duration`` simulated seconds,
+default 600; ``86400`` runs the day itself), one per configuration of ``--scale-configs`` (default bandit,fifo): the
+CPU time (what the wall time is on a quiet machine; the wall time is reported too), how much of it the allocation
+strategy took (the control's own decision code) and how much the rest (the simulator, and decide's other steps),
+the subtasks decided per simulated second, and the time of a simulated day extrapolated from the second half of
+the run (past the start-up: the steady state's pace) and from the whole run. ``--families none --scale`` runs
+those alone.
 """
 
 from __future__ import annotations
@@ -72,20 +77,61 @@ def one_world(family: str, args: argparse.Namespace, seed: int) -> dict[str, Any
     return out
 
 
-def scale(args: argparse.Namespace) -> dict[str, Any]:
-    world = generate("specialists", nodes=1000, sites=200, duration=args.scale_duration, seed=0)
+class _Timed:
+    """An allocation strategy with a stopwatch: the CPU time spent in its ``allocate``."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner, self.seconds = inner, 0.0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    def allocate(self, *args: Any) -> Any:
+        started = time.process_time()
+        try:
+            return self.inner.allocate(*args)
+        finally:
+            self.seconds += time.process_time() - started
+
+
+def scale_run(name: str, duration: float) -> dict[str, Any]:
+    world = generate("specialists", nodes=1000, sites=200, duration=duration, seed=0)
     rng = random.Random(0)
     tasks = (TaskSpec(f"p{p}", s, rng.randint(3000, 30000)) for p in range(10_000) for s in world.sites)
-    allocation, modification, recall = CONFIGS["bandit"](0)
-    sim = Simulation(world, world.nodes, tasks, allocation=allocation, modification=modification, recall=recall,
-                     duration=args.scale_duration, tick=1.0, seed=0, pair_samples=False, sample_interval=60)
-    started = time.monotonic()
+    allocation, modification, recall = CONFIGS[name](0)
+    timed = _Timed(allocation)
+    # CPU time of this process (the machine is shared: wall time there measures the neighbours), at each sample
+    walls: list[float] = []
+    sim = Simulation(world, world.nodes, tasks, allocation=timed, modification=modification, recall=recall,
+                     duration=duration, tick=1.0, seed=0, pair_samples=False, sample_interval=duration / 20,
+                     on_sample=lambda s: walls.append(time.process_time()))
+    started, started_wall = time.process_time(), time.monotonic()
     raw = sim.run()
-    wall = time.monotonic() - started
-    return {"nodes": 1000, "sites": 200, "products": 10_000, "simulated_seconds": args.scale_duration,
-            "wall_seconds": round(wall, 1), "subtasks": raw["allocated"], "items": raw["samples"][-1]["items"],
-            "simulated_seconds_per_wall_second": round(args.scale_duration / wall, 2),
-            "day_extrapolated_minutes": round(86400 / (args.scale_duration / wall) / 60, 1)}
+    wall = time.process_time() - started
+    samples = raw["samples"]
+    half = next(i for i, s in enumerate(samples) if s["t"] >= duration / 2)
+    late = samples[half:]
+    late_wall = walls[-1] - walls[half]  # the second half: past the start-up (prefetch filling, first runs)
+    out = {"configuration": name, "nodes": 1000, "sites": 200, "products": 10_000, "simulated_seconds": duration,
+           "cpu_seconds": round(wall, 1), "wall_seconds": round(time.monotonic() - started_wall, 1),
+           "allocation_seconds": round(timed.seconds, 1),
+           "other_seconds": round(wall - timed.seconds, 1), "subtasks": raw["allocated"],
+           "subtasks_per_simulated_second": round(raw["allocated"] / duration, 1),
+           "cpu_microseconds_per_subtask": round(1e6 * wall / max(1, raw["allocated"]), 1),
+           "items": samples[-1]["items"],
+           "items_per_second_late": None if len(late) < 2 else
+           round((late[-1]["items"] - late[0]["items"]) / max(1e-9, late[-1]["t"] - late[0]["t"]), 1),
+           "simulated_seconds_per_cpu_second": round(duration / wall, 2),
+           "late_simulated_seconds_per_cpu_second": round((late[-1]["t"] - late[0]["t"]) / late_wall, 2)}
+    if duration < 86400:  # the day at the second half's pace (the steady state), and at the whole run's
+        out["day_extrapolated_minutes"] = round(86400 * late_wall / (late[-1]["t"] - late[0]["t"]) / 60, 1)
+        out["day_extrapolated_minutes_whole_run"] = round(86400 * wall / duration / 60, 1)
+    print(f"scale {name}: {out}", flush=True)
+    return out
+
+
+def scale(args: argparse.Namespace) -> list[dict[str, Any]]:
+    return [scale_run(name, args.scale_duration) for name in args.scale_configs.split(",")]
 
 
 def main() -> None:
@@ -98,6 +144,7 @@ def main() -> None:
     p.add_argument("--families", default="all", help="comma-separated, 'all' or 'none'")
     p.add_argument("--scale", action="store_true")
     p.add_argument("--scale-duration", type=float, default=600.0)
+    p.add_argument("--scale-configs", default="bandit,fifo", help=f"comma-separated, from {', '.join(CONFIGS)}")
     p.add_argument("--out", type=Path, default=Path("benchmarks/results/bench_quality.json"))
     args = p.parse_args()
     families = FAMILIES if args.families == "all" else () if args.families == "none" \
@@ -126,7 +173,6 @@ def main() -> None:
               f"   bandit/fifo {summary['bandit_vs_fifo']['median']:.2f}   ({summary['seconds']} s)", flush=True)
     if args.scale:
         result["scale"] = scale(args)
-        print("scale:", result["scale"])
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1), encoding="utf-8")
     print(f"written {args.out}")

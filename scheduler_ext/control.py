@@ -282,6 +282,7 @@ class Entry:
     raw: str
     size: int
     sha1: str = ""
+    report: Report | None = None  # the report itself, decoded already (the simulator's object path); else raw
 
     @property
     def whole(self) -> bool:
@@ -320,13 +321,16 @@ class Snapshot:
     virtual: list[Entry] = field(default_factory=list)  # oldest first
     reports: list[Entry] = field(default_factory=list)  # sleeping, oldest first
     failures: list[Entry] = field(default_factory=list)  # failed, oldest first
-    tasks: dict[str, str | None] = field(default_factory=dict)  # task id -> record, for reports and failures
+    tasks: dict[str, str | Task | None] = field(default_factory=dict)  # task id -> record (or Task), for reports
     lapsed: list[LapsedLease] = field(default_factory=list)
     stale: list[tuple[str, str | None]] = field(default_factory=list)  # (subtask id, record) queued too long
     silent: list[SilentNode] = field(default_factory=list)
     nodes: list[NodeView] = field(default_factory=list)  # live nodes with their free slots
     waiting: list[tuple[str, str | None]] = field(default_factory=list)  # (id, record), priority order
     parsed: dict[str, Subtask] = field(default_factory=dict)  # record -> subtask, decoded already (optional)
+    # The simulator's object path: the subtask and task records of the writes are the objects themselves, not
+    # their JSON (nothing crosses Redis there); the decisions are the same. The control never sets it.
+    objects: bool = False
 
 
 @dataclass
@@ -476,9 +480,13 @@ class _Decider:
             raise InvalidInput(f"{what}: not UTF-8 JSON (a pickle or other binary payload?)")
         return e.raw
 
+    def _record(self, obj: Subtask | Task) -> Any:
+        """What a write stores for a subtask or task: its JSON, or itself on the object path (Snapshot.objects)."""
+        return obj if self.snap.objects else obj.to_json()
+
     def _waiting_writes(self, st: Subtask) -> list[Write]:
         self.fresh.append(st)
-        return [Write.hset(self.k.subtasks, st.id, st.to_json()), Write.zadd(self.k.waiting, st.priority, st.id)]
+        return [Write.hset(self.k.subtasks, st.id, self._record(st)), Write.zadd(self.k.waiting, st.priority, st.id)]
 
     # --- 1. split -------------------------------------------------------------------------------------------------
     def _split(self, e: Entry) -> Decision:
@@ -515,14 +523,14 @@ class _Decider:
 
     # --- 2. reports ---------------------------------------------------------------------------------------------
     def _report(self, e: Entry) -> Decision:
-        report = Report.from_json(self._text(e, "report"))
+        report = e.report or Report.from_json(self._text(e, "report"))
         return Decision("report", [e.guard], self._advance(report), subject=report.subtask.id)
 
     def _task(self, tid: str) -> Task | None:
         if tid in self.tasks:
             return self.tasks[tid]
         raw = self.snap.tasks.get(tid)
-        return None if raw is None else Task.from_json(raw)
+        return raw if raw is None or isinstance(raw, Task) else Task.from_json(raw)
 
     def _advance(self, report: Report, *, abandoned: bool = False) -> list[Write]:
         """Writes that record ``report`` on its task and, if pages remain, queue the task's next subtask."""
@@ -564,7 +572,7 @@ class _Decider:
                           time_limit=limit, prev_node=report.node, since=self.now, payload=task.payload)
             writes += self._waiting_writes(nxt)
         self.tasks[task.id] = task
-        writes.append(Write.hset(k.tasks, task.id, task.to_json()))
+        writes.append(Write.hset(k.tasks, task.id, self._record(task)))
         return writes
 
     # --- 3. recall ----------------------------------------------------------------------------------------------
@@ -592,9 +600,9 @@ class _Decider:
         return Decision(kind, guards, writes, subject=st.id, dead=int(decision is RecallDecision.DEAD))
 
     def _failure(self, e: Entry) -> Decision | None:
-        raw = self._text(e, "failure report")
+        raw = "" if e.report else self._text(e, "failure report")
         try:
-            report = Report.from_json(raw)
+            report = e.report or Report.from_json(raw)
         except InvalidInput as exc:  # e.g. the take script's record of an unreadable crawl-queue entry
             try:
                 obj = loads_object(raw, "failure")
@@ -737,7 +745,7 @@ class _Decider:
             done.add(st.id)
             free[nid] -= 1
             placed = replace(st, node=nid)
-            raw = placed.to_json()
+            raw = self._record(placed)
             writes = [Write.hset(k.subtasks, st.id, raw), Write.lpush(k.crawl(nid), raw),
                       Write.zadd(k.queued, self.now, st.id)]
             if st.prev_node is not None and st.prev_node != nid:

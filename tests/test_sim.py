@@ -8,24 +8,28 @@ with the simulator's.
 
 from __future__ import annotations
 
+import io
 import itertools
 import json
 import random
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 from conftest import run_scrapy
 
-from scheduler_ext.control import Decision, EstimateCache
+from product_crawl.experiment.runner import Progress
+from scheduler_ext.control import Decision, Entry, EstimateCache, Snapshot
 from scheduler_ext.keys import Keys
-from scheduler_ext.models import Report, Subtask
+from scheduler_ext.models import Report, Subtask, Task
 from scheduler_ext.sim import NodeModel, Simulation, TaskSpec
 from scheduler_ext.sim.bound import MACHINE, MACHINE_NODE, SiteWork, assign, best_possible, machine_assign
 from scheduler_ext.sim.configs import CONFIGS
 from scheduler_ext.sim.estimates import MemoryEstimates
 from scheduler_ext.sim.families import FAMILIES, generate
-from scheduler_ext.store import Store
+from scheduler_ext.store import Store, Write
+from scheduler_ext.strategies import NodeView
 
 
 @pytest.fixture
@@ -159,27 +163,51 @@ def test_a_simulation_is_reproducible_and_samples_like_a_real_run() -> None:
     assert len(pair) == 5 and pair[0] >= pair[1] >= 0  # offered, collected, runs, pages, estimate
 
 
+def _as_json(writes: list[Any]) -> list[Any]:
+    return [tuple(v.to_json() if isinstance(v, (Subtask, Task)) else v for v in w) for w in writes]
+
+
 class Logged(Simulation):
-    """A simulation that logs every decision it applies: (time, kind, subject, writes)."""
+    """A simulation that logs every decision it applies: (time, kind, subject, writes with records as JSON)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.log: list[tuple[float, str, str | None, list[Any]]] = []
 
     def _apply(self, decision: Decision) -> None:
-        self.log.append((self.now, decision.kind, decision.subject, list(decision.writes)))
+        self.log.append((self.now, decision.kind, decision.subject, _as_json(decision.writes)))
         super()._apply(decision)
 
 
 class EveryTick(Logged):
     """The simulator's former tick, the specification of the fast one: it decides every tick, whatever changed,
-    with the waiting records encoded anew and decoded by ``decide`` (no ``parsed``)."""
+    on the control's JSON path: reports, task and waiting records as JSON that ``decide`` decodes, records in
+    its writes as JSON (decoded here for the simulated state)."""
 
     def _nothing_to_decide(self, total_free: int) -> bool:
         return False
 
-    def _window(self, size: int) -> tuple[list[tuple[str, str | None]], dict[str, Subtask]]:
-        return [(sid, self.subtasks[sid].to_json()) for _, _, sid in self.waiting[:size]], {}
+    def _snapshot(self, reports: list[Report], failures: list[Report], stale: list[tuple[str, str | None]],
+                  nodes: list[NodeView], window: list[Subtask]) -> Snapshot:
+        k = self.keys
+        return Snapshot(keys=k, now=self.now, estimates=self.estimates, ids=self.ids,
+                        reports=[Entry(k.sleeping, raw, len(raw)) for raw in (r.to_json() for r in reports)],
+                        failures=[Entry(k.failed, raw, len(raw)) for raw in (r.to_json() for r in failures)],
+                        tasks={tid: s.task.to_json() if (s := self.tasks.get(tid)) else None
+                               for tid in {r.subtask.task for r in (*reports, *failures)}},
+                        stale=stale, nodes=nodes, waiting=[(st.id, st.to_json()) for st in window])
+
+    def _apply(self, decision: Decision) -> None:
+        k = self.keys
+        decode = {k.subtasks: Subtask.from_json, k.tasks: Task.from_json}
+        writes = []
+        for w in decision.writes:
+            if w[0] == "hset" and w[1] in decode:
+                w = Write((*w[:3], decode[w[1]](w[3])))
+            elif w[0] == "lpush":
+                w = Write((w[0], w[1], Subtask.from_json(w[2])))
+            writes.append(w)
+        super()._apply(replace(decision, writes=writes))
 
 
 @pytest.mark.parametrize(("name", "family"), [("bandit", "specialists"), ("bandit", "churn"), ("paper", "drift")])
@@ -233,6 +261,57 @@ def test_bandit_beats_the_paper_and_fifo_where_the_paper_loses() -> None:
             assert items["bandit"] > items["paper"] > items["fifo"], (family, items)
 
 
+def test_a_large_cluster_loses_no_subtask_and_allocates_none_twice() -> None:
+    """The scale path (the object path through decide, the waiting heap, node views kept across ticks) on a few
+    hundred nodes, nodes leaving included: at the end every open task has exactly one subtask somewhere (waiting,
+    in a crawl queue, running, or lost with a node that left and not yet recalled) unless the recall strategy
+    dead-lettered it (too many attempts), and each allocation took a subtask that was waiting."""
+    world = generate("churn", nodes=300, sites=40, duration=40, seed=5)
+    for n in world.nodes:  # leave early enough for the control to notice (recall age 20 s) within the run
+        n.leaves = min(n.leaves, 12.0) if n.leaves < 40 else n.leaves
+    allocation, modification, recall = CONFIGS["bandit"](5)
+
+    class Checked(Simulation):
+        allocations = 0
+        dead: list[str] = []  # the tasks of dead-lettered subtasks
+
+        def _apply(self, decision: Decision) -> None:
+            if decision.kind == "allocate":
+                assert decision.subject in self.subtasks, f"allocated {decision.subject}, not waiting"
+                self.allocations += 1
+            self.dead += [json.loads(w[3])["subtask"]["task"] for w in decision.writes
+                          if w[0] == "hset" and w[1] == self.keys.dead]
+            super()._apply(decision)
+
+    rng = random.Random(5)  # small tasks, so that many finish and their records go
+    tasks = [TaskSpec(f"p{p}", site, rng.randint(20, 300)) for p in range(60) for site in world.sites]
+    sim = Checked(world, world.nodes, tasks, allocation=allocation, modification=modification,
+                  recall=recall, duration=40, tick=1.0, seed=5, pair_samples=False)
+    raw = sim.run()
+    assert raw["samples"][-1]["items"] == sum(raw["items_by_node"].values()) > 10_000
+    assert sim.allocations == raw["allocated"] > 3_000 and sim.tasks_done > 0
+    assert sum(c.get("recalled", 0) for c in sim.counts.values()) > 0  # the leavers' work came back
+    held: list[str] = [*(st.task for st in sim.subtasks.values()),
+                       *(st.task for q in sim.queues.values() for st in q),
+                       *(run.st.task for r in sim.running.values() for run in r.values()),
+                       *(st.task for _, st in sim.lost)]
+    assert sorted(held + sim.dead) == sorted(sim.tasks), "an open task has no subtask, or two"
+    assert sim.tasks_made == sim.tasks_done + len(sim.tasks)
+
+
+def test_waiting_offers_a_requeued_subtask_once() -> None:
+    """A subtask requeued while an old entry of it is still in the waiting heap (allocated in the tick that made
+    it, recalled later): the heap never compares the two records, and the window offers the current one once."""
+    world = generate("specialists", nodes=2, sites=1, duration=10, seed=0)
+    allocation, modification, recall = CONFIGS["fifo"](0)
+    sim = Simulation(world, world.nodes, [], allocation=allocation, modification=modification, recall=recall,
+                     duration=10)
+    st = Subtask(id="7", task="1", site="s0.example", first_page=0, page_limit=5, time_limit=30.0)
+    for attempt in range(20):
+        sim._wait(replace(st, attempt=attempt))
+    assert [entry[3].attempt for entry in sim._window(10)] == [19]
+
+
 # --- scrapy experiment --sim -----------------------------------------------------------------------------------------
 
 def test_experiment_sim_writes_the_summary_and_report(tmp_path: Path) -> None:
@@ -256,6 +335,44 @@ def test_experiment_sim_refuses_repeat_without_sim(tmp_path: Path) -> None:
     result = run_scrapy(["experiment", "--repeat", "3", "--out", str(tmp_path / "x")], env={"PATH": "/usr/bin:/bin"},
                         timeout=60)
     assert result.returncode == 2 and "--repeat: expected 1, or more with --sim" in result.stderr
+
+
+def test_experiment_sim_runs_a_generated_cluster_with_many_products(tmp_path: Path) -> None:
+    from product_crawl.experiment import make_options, run_experiment
+    from product_crawl.experiment.report import console_table
+
+    opts = make_options(profile="generated:drift", nodes=16, sites=5, products=8, duration=24, sim=True, repeat=2,
+                        strategies="dynamic,shared", out=tmp_path / "gen")
+    assert len(opts.nodes) == 16 and opts.sites == [f"s{j}.example" for j in range(5)]
+    assert [p["name"] for p in opts.products][-2:] == ["product 7", "product 8"]
+    summary, report = run_experiment(opts, progress=Progress(io.StringIO()))
+    assert summary["corpus"]["queries"] == 40 and len(summary["corpus"]["per_query"]) == 8
+    assert summary["profile"]["phases"] == [9.0, 17.0]  # drift's changes at 37 % and 71 % of the run, to the second
+    assert summary["runs"]["dynamic"]["unique_items"] > summary["runs"]["shared"]["unique_items"] > 0
+    assert summary["distribution"]["dynamic"]["vs_shared"]["n"] == 2
+    lines = console_table(summary)
+    assert "items per node over the 16 nodes (first stored by):" in lines
+    assert any("... (4 more; over all 16 nodes: min" in line for line in lines)
+    assert "Ratio distribution over simulated seeds" in report.read_text(encoding="utf-8")
+
+
+@pytest.mark.parametrize(("options", "message"), [
+    ({"profile": "generated:nope", "sim": True}, "--profile: unknown generated family 'nope'; expected"),
+    ({"profile": "generated:churn", "sim": True}, "unknown generated family 'churn'"),
+    ({"profile": "generated:drift"}, "a generated profile is for the simulator (--sim)"),
+    ({"profile": "paper", "sites": 5, "sim": True}, "--sites: only with a generated profile"),
+    ({"profile": "generated:drift", "sites": 0, "sim": True}, "--sites: expected 1 .. 10000 sites, got 0"),
+    ({"profile": "generated:drift", "nodes": 0, "sim": True}, "--nodes: expected 1 .. 100000 simulated nodes"),
+    ({"products": 10}, "--products: expected 1 .. 100000 products with --sim"),
+    ({"products": 0, "sim": True}, "--products: expected 1 .. 100000 products with --sim (a real run searches the "
+                                   "paper's four), got 0"),
+])
+def test_experiment_sim_refuses_bad_scale_options(options: dict[str, Any], message: str) -> None:
+    from product_crawl.experiment import ExperimentError, make_options
+
+    with pytest.raises(ExperimentError) as info:
+        make_options(**options)
+    assert message in str(info.value)
 
 
 # --- agreement with real runs ----------------------------------------------------------------------------------------

@@ -1,7 +1,8 @@
 """``scrapy experiment``: dynamic scheduling against its baselines on the simulated web (docs/experiment.md).
 
     scrapy experiment [--profile paper|FILE] [--duration SECONDS] [--strategies LIST] [--ablations] [--seed N]
-                      [--out DIR] [--nodes N] [--set NAME=VALUE ...] [--sim [--repeat N]]
+                      [--out DIR] [--nodes N] [--set NAME=VALUE ...]
+                      [--sim [--repeat N] [--products N] [--profile generated:FAMILY [--sites N]]]
 
 Runs each configuration in turn on a fresh local cluster for the same wall time and writes ``DIR/summary.json``,
 ``DIR/report.html`` and its PNG plots; prints a progress line on stderr while it runs and a table at the end.
@@ -20,6 +21,7 @@ from scrapy.commands import ScrapyCommand
 from product_crawl.commands._base import write_error, write_line
 from product_crawl.experiment import CONFIGURATIONS, DEFAULT_CONFIGURATIONS, ExperimentError, make_options
 from product_crawl.experiment.runner import MIN_DURATION, parse_overrides
+from product_crawl.experiment.sim import PROFILE_FAMILIES
 
 
 class Command(ScrapyCommand):
@@ -29,7 +31,7 @@ class Command(ScrapyCommand):
 
     def syntax(self) -> str:
         return ("[--profile paper|FILE] [--duration SECONDS] [--strategies LIST] [--ablations] [--seed N] [--out DIR] "
-                "[--sim [--repeat N]]")
+                "[--sim [--repeat N] [--products N] [--profile generated:FAMILY [--sites N]]]")
 
     def short_desc(self) -> str:
         return "Compare dynamic scheduling with its baselines on the simulated web (Figures 4 and 5)"
@@ -39,10 +41,13 @@ class Command(ScrapyCommand):
         # Scrapy's global --profile (cProfile output) is replaced by ours, as in ``scrapy simweb``; scrapy.cmdline
         # still reads opts.profile to decide whether to profile, so that attribute stays, always off.
         parser.add_argument("--profile", dest="simweb_profile", default="paper", metavar="paper|FILE",
-                            help="simulated-web profile: built-in name or JSON file (default: paper)")
+                            help="simulated-web profile: built-in name or JSON file (default: paper); with --sim "
+                                 "also generated:FAMILY, a generated world (FAMILY: "
+                                 f"{', '.join(PROFILE_FAMILIES)}; docs/experiment.md)")
         parser.set_defaults(profile=None)
         parser.add_argument("--duration", type=float, default=90.0, metavar="SECONDS",
-                            help=f"wall time of each configuration, >= {MIN_DURATION:.0f} (default: 90)")
+                            help=f"wall time of each configuration (simulated time with --sim), >= {MIN_DURATION:.0f} "
+                                 "(default: 90)")
         parser.add_argument("--strategies", default=",".join(DEFAULT_CONFIGURATIONS), metavar="LIST",
                             help=f"comma-separated configurations from {', '.join(CONFIGURATIONS)} "
                                  f"(default: {','.join(DEFAULT_CONFIGURATIONS)})")
@@ -60,6 +65,12 @@ class Command(ScrapyCommand):
                             help="run the configurations on the cluster simulator (no services, no processes)")
         parser.add_argument("--repeat", type=int, default=1, metavar="N",
                             help="with --sim: runs per configuration (seeds SEED..SEED+N-1), for ratio distributions")
+        parser.add_argument("--products", type=int, default=None, metavar="N",
+                            help="with --sim: N products searched on every site (the paper's four, then 'product 5' "
+                                 "..; default: the paper's four)")
+        parser.add_argument("--sites", type=int, default=None, metavar="N",
+                            help="with --profile generated:FAMILY: its number of sites (default 8; --nodes: its "
+                                 "nodes, default 12)")
         parser.add_argument("--prefix", default="{exp}", help="Redis key prefix of the runs; default {exp}")
         parser.add_argument("--database", default="product_crawl_experiment",
                             help="MongoDB database of the runs; default product_crawl_experiment")
@@ -77,15 +88,17 @@ class Command(ScrapyCommand):
             options = make_options(profile=opts.simweb_profile, duration=opts.duration, strategies=opts.strategies,
                                    ablations=opts.ablations, seed=opts.seed, out=opts.out, nodes=opts.nodes,
                                    overrides=parse_overrides(opts.overrides), prefix=opts.prefix,
-                                   database=opts.database, sim=opts.sim, repeat=opts.repeat)
+                                   database=opts.database, sim=opts.sim, repeat=opts.repeat, products=opts.products,
+                                   sites=opts.sites)
         except ExperimentError as exc:
             write_error(str(exc))
             self.exitcode = 2
             return
         if options.sim:
             write_line(f"experiment (simulated): {', '.join(options.configurations)} on profile "
-                       f"{options.profile.name!r}, {options.duration:.0f} s each, {len(options.nodes)} nodes, "
-                       f"{options.repeat} seed(s) from {options.seed}; output in {options.out}")
+                       f"{options.profile.name!r}, {options.duration:.0f} s each, {len(options.nodes)} nodes x "
+                       f"{len(options.sites)} sites x {len(options.products)} products, {options.repeat} seed(s) "
+                       f"from {options.seed}; output in {options.out}")
             summary, report = run_experiment(options)
             self._print(summary, options, report)
             return

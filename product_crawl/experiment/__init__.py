@@ -40,14 +40,15 @@ def run_experiment(opts: Options, *, redis_url: str = "", mongo_uri: str = "", p
 
     opts.out.mkdir(parents=True, exist_ok=True)
     (opts.out / "raw").mkdir(exist_ok=True)
-    totals = corpus_totals(opts.profile, opts.sites, opts.seed)
+    totals = corpus_totals(opts.profile, opts.sites, opts.seed, opts.products)
     raws: dict[str, dict[str, Any]] = {}
     repeats: dict[str, list[int]] = {}
     for i, name in enumerate(opts.configurations, 1):
         label = f"{name} {i}/{len(opts.configurations)}"
         if opts.sim:
             runs = [simulate_configuration(name, opts, seed=opts.seed + k, progress=progress or Progress(),
-                                           label=f"{label} seed {opts.seed + k}") for k in range(opts.repeat)]
+                                           label=f"{label} seed {opts.seed + k}", totals=totals)
+                    for k in range(opts.repeat)]
             raw = runs[0]
             repeats[name] = [r["samples"][-1]["items"] for r in runs]
         else:

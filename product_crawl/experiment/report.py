@@ -23,6 +23,9 @@ from typing import Any
 
 from product_crawl.experiment.runner import WINDOW
 
+MAX_PANELS = 24  # nodes drawn in Figures 4 and 5 (the first ones): 1,000 panels or bars are unreadable
+MAX_LISTED = 12  # nodes (products) named one by one in the console and the report's header; more: a summary
+
 
 def _pyplot() -> Any:
     import matplotlib
@@ -37,7 +40,7 @@ def plot_completion(summary: dict[str, Any], configuration: str, path: Path) -> 
     """Figure 4 for one configuration: a grid of panels, one per node, one colour per site."""
     plt = _pyplot()
     run = summary["runs"][configuration]
-    nodes = list(summary["nodes"])
+    nodes = list(summary["nodes"])[:MAX_PANELS]
     cols = 2 if len(nodes) > 1 else 1
     rows = (len(nodes) + cols - 1) // cols
     fig, axes = plt.subplots(rows, cols, figsize=(6 * cols, 3.4 * rows), squeeze=False, sharex=True, sharey=True)
@@ -77,7 +80,8 @@ def plot_completion(summary: dict[str, Any], configuration: str, path: Path) -> 
                     labels.append(lab)
     if labels:  # a configuration without estimates (scrapy_redis) has no lines to name
         fig.legend(handles, labels, loc="lower center", ncol=min(len(labels), 6), fontsize=8)
-    fig.suptitle(f"Completion per site on each node ({configuration}): line = moving estimate, "
+    shown = "" if len(summary["nodes"]) <= MAX_PANELS else f"the first {MAX_PANELS} of {len(summary['nodes'])} nodes, "
+    fig.suptitle(f"Completion per site on {shown}each node ({configuration}): line = moving estimate, "
                  f"dots = measured over {WINDOW:.0f} s", fontsize=10)
     fig.tight_layout(rect=(0, 0.06, 1, 0.96))
     fig.savefig(path, dpi=100)
@@ -87,7 +91,7 @@ def plot_completion(summary: dict[str, Any], configuration: str, path: Path) -> 
 def plot_gains(summary: dict[str, Any], path: Path) -> None:
     """Figure 5: per node, grouped bars of the relative gain per strategy (and of dynamic over shared)."""
     plt = _pyplot()
-    nodes = list(summary["nodes"])
+    nodes = list(summary["nodes"])[:MAX_PANELS]
     series: list[tuple[str, dict[str, float | None]]] = [
         (f"{s} (vs dynamic without it)", v) for s, v in summary["gains"].get("strategies", {}).items()]
     if "over_shared" in summary["gains"]:
@@ -103,7 +107,8 @@ def plot_gains(summary: dict[str, Any], path: Path) -> None:
     ax.axhline(0, color="black", linewidth=0.8)
     ax.set_xticks(range(len(nodes)), nodes)
     ax.set_ylabel("gain in items collected (%)")
-    ax.set_title("Efficiency gain per node attributed to each strategy")
+    shown = "" if len(summary["nodes"]) <= MAX_PANELS else f" (the first {MAX_PANELS} of {len(summary['nodes'])} nodes)"
+    ax.set_title(f"Efficiency gain per node attributed to each strategy{shown}")
     if series:
         ax.legend(fontsize=8)
     ax.grid(axis="y", alpha=0.3)
@@ -182,10 +187,23 @@ def goal_lines(summary: dict[str, Any]) -> list[str]:
                       f"{summary['best_possible']['items']} unique items")
         else:
             dyn = summary["runs"].get("dynamic", {}).get("nodes", {})
-            detail = "late pages on suited sites: " + (", ".join(
-                f"{n} {_num(v['suited_share'])}" for n, v in dyn.items()) or "-")
+            detail = "late pages on suited sites: " + _listed({n: v["suited_share"] for n, v in dyn.items()})
         lines.append(f"{goal}: {state} ({detail})")
     return lines
+
+
+def _listed(per_node: dict[str, float | None], fmt: str = "{:.2f}") -> str:
+    """``node value, ...`` for up to MAX_LISTED nodes; past that, the rest as a count and their quantiles."""
+    items = list(per_node.items())
+    text = ", ".join(f"{n} {_num(v, fmt)}" for n, v in items[:MAX_LISTED]) or "-"
+    if len(items) > MAX_LISTED:
+        from product_crawl.experiment.summary import quantiles
+
+        q = quantiles([v for _, v in items if v is not None])
+        text += f", ... ({len(items) - MAX_LISTED} more; over all {len(items)} nodes: " + (
+            "no values)" if q is None else f"min {_num(q['min'], fmt)}, median {_num(q['median'], fmt)}, "
+                                           f"max {_num(q['max'], fmt)})")
+    return text
 
 
 def distribution_rows(summary: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
@@ -228,19 +246,33 @@ def console_table(summary: dict[str, Any]) -> list[str]:
     headers, rows = table_rows(summary)
     lines = table(headers, rows)
     nodes = list(summary["nodes"])
-    node_rows = []
-    for name, run in summary["runs"].items():
-        node_rows.append([name, *(f"{run['nodes'][n]['items']}" for n in nodes)])
-    lines += ["", "items per node (first stored by):", *table(["configuration", *nodes], node_rows)]
+    if len(nodes) <= MAX_LISTED:
+        node_rows = [[name, *(f"{run['nodes'][n]['items']}" for n in nodes)] for name, run in summary["runs"].items()]
+        lines += ["", "items per node (first stored by):", *table(["configuration", *nodes], node_rows)]
+    else:
+        from product_crawl.experiment.summary import quantiles
+
+        node_rows = [[name, *(str(q[k]) for k in ("min", "p10", "median", "p90", "max"))]
+                     for name, run in summary["runs"].items()
+                     if (q := quantiles([v["items"] for v in run["nodes"].values()]))]
+        lines += ["", f"items per node over the {len(nodes)} nodes (first stored by):",
+                  *table(["configuration", "min", "p10", "median", "p90", "max"], node_rows)]
     over = summary["gains"].get("over_shared")
     if over:
-        lines += ["", "gain over shared per node: " + ", ".join(f"{n} {_num(v, '{:+.0%}')}" for n, v in over.items())]
+        lines += ["", "gain over shared per node: " + _listed(over, "{:+.0%}")]
     for s, v in summary["gains"].get("strategies", {}).items():
-        lines.append(f"gain from {s} per node: " + ", ".join(f"{n} {_num(g, '{:+.0%}')}" for n, g in v.items()))
+        lines.append(f"gain from {s} per node: " + _listed(v, "{:+.0%}"))
     head, rows = distribution_rows(summary)
     if rows:
         lines += ["", "ratio distribution over simulated seeds:", *table(head, rows)]
     return [*lines, "", *goal_lines(summary)]
+
+
+def _names(what: str, names: list[str]) -> str:
+    """``sites a, b`` or, past MAX_LISTED names, ``200 sites (a, b, ...)``, HTML-escaped."""
+    if len(names) <= MAX_LISTED:
+        return html.escape(f"{what}s {', '.join(names)}")
+    return html.escape(f"{len(names)} {what}s ({', '.join(names[:MAX_LISTED])}, ...)")
 
 
 def write_html(summary: dict[str, Any], out: Path, images: list[str]) -> Path:
@@ -268,9 +300,10 @@ def write_html(summary: dict[str, Any], out: Path, images: list[str]) -> Path:
     bound_text = (f"Best possible: {best['items']} unique items (the profile's true rates, phase by phase, the best "
                   f"assignment of nodes to sites within the sites' task limits, each node's {m['concurrency']} page "
                   f"slots and own CPU ({1000 * m['node_page_cpu']:.2f} ms a page, {1000 * m['node_item_cpu']:.3f} ms "
-                  f"an item), and this machine's {m['cores']:g} cores shared by the nodes, the web and MongoDB "
-                  f"({1000 * m['machine_page_cpu']:.2f} ms a page, {1000 * m['machine_item_cpu']:.3f} ms an item: "
-                  f"the cheapest crawler, measured in {m['source']}). "
+                  + (f"an item), and this machine's {m['cores']:g} cores shared by the nodes, the web and MongoDB "
+                     f"({1000 * m['machine_page_cpu']:.2f} ms a page, {1000 * m['machine_item_cpu']:.3f} ms an "
+                     f"item: the cheapest crawler, measured in {m['source']}). " if "cores" in m
+                     else f"an item: {m['source']}). ")
                   + ("Simulated runs (scheduler_ext.sim)." if summary.get("simulated") else "Real processes."))
     dhead, drows = distribution_rows(summary)
     dist = f"<h2>Ratio distribution over simulated seeds</h2>{tab(dhead, drows)}" if drows else ""
@@ -281,8 +314,8 @@ td,th{{border:1px solid #bbb;padding:2px 6px;font-size:13px}}img{{max-width:100%
 </head><body>
 <h1>Dynamic scheduling experiment</h1>
 <p>Profile <b>{e(summary['profile']['name'])}</b> ({e(summary['profile']['source'])}), seed {summary['seed']},
-{summary['duration']:.0f} s per configuration, {len(summary['nodes'])} nodes, sites {e(', '.join(summary['sites']))},
-products {e(', '.join(summary['products']))}; the simulated web holds {summary['corpus']['total']} results for these
+{summary['duration']:.0f} s per configuration, {len(summary['nodes'])} nodes, {_names('site', summary['sites'])},
+{_names('product', summary['products'])}; the simulated web holds {summary['corpus']['total']} results for these
 queries.</p>
 <h2>Goals</h2><ul>{goals}</ul>
 <h2>Configurations</h2>{tab(headers, rows)}

@@ -117,6 +117,7 @@ class Options:
     database: str = "product_crawl_experiment"
     sim: bool = False  # run on the cluster simulator (scheduler_ext.sim) instead of real processes
     repeat: int = 1  # simulated runs per configuration (seeds seed .. seed + repeat - 1), for ratio distributions
+    products: tuple[dict[str, str], ...] = PRODUCTS  # searched on every site (more than the paper's four: --sim)
 
 
 def parse_configurations(spec: str, ablations: bool = False) -> list[str]:
@@ -181,21 +182,68 @@ def experiment_nodes(profile: Profile, count: int | None) -> list[NodeSpec]:
     return [NodeSpec(f"node{i}", addresses[i - 1], types="0") for i in range(1, n + 1)]
 
 
+GENERATED = "generated:"  # --profile generated:FAMILY: a world of scheduler_ext.sim.families, as a profile (--sim)
+MAX_SIM_PRODUCTS = 100_000
+MAX_SIM_SITES = 10_000
+MAX_SIM_NODES = 100_000
+
+
+def products_for(count: int) -> tuple[dict[str, str], ...]:
+    """The paper's four products, then ``product 5`` .. ``product N``: ``count`` products.
+
+    >>> [p["name"] for p in products_for(6)][3:]
+    ['雀巢中老年奶粉', 'product 5', 'product 6']
+    """
+    return (*PRODUCTS[:count], *({"name": f"product {i}"} for i in range(len(PRODUCTS) + 1, count + 1)))
+
+
+def _load(profile: str, *, sim: bool, nodes: int | None, sites: int | None, duration: float, seed: int) -> Profile:
+    """The profile named by ``--profile``: built in, a file, or generated (``generated:FAMILY``, --sim only)."""
+    if not profile.startswith(GENERATED):
+        if sites is not None:
+            raise ExperimentError(f"--sites: only with a generated profile (--profile {GENERATED}FAMILY); the "
+                                  f"sites of {profile!r} are the ones it names")
+        try:
+            return load_profile(profile)
+        except ProfileError as exc:
+            raise ExperimentError(str(exc)) from exc
+    from product_crawl.experiment.sim import PROFILE_FAMILIES, generated_profile
+
+    family = profile[len(GENERATED):]
+    if family not in PROFILE_FAMILIES:
+        raise ExperimentError(f"--profile: unknown generated family {family!r}; expected {GENERATED}FAMILY with "
+                              f"FAMILY one of {', '.join(PROFILE_FAMILIES)}")
+    if not sim:
+        raise ExperimentError(f"--profile {profile}: a generated profile is for the simulator (--sim); a real run "
+                              "needs a built-in profile or a file")
+    if sites is not None and not 1 <= sites <= MAX_SIM_SITES:
+        raise ExperimentError(f"--sites: expected 1 .. {MAX_SIM_SITES} sites, got {sites}")
+    if nodes is not None and not 1 <= nodes <= MAX_SIM_NODES:
+        raise ExperimentError(f"--nodes: expected 1 .. {MAX_SIM_NODES} simulated nodes, got {nodes}")
+    return generated_profile(family, nodes=12 if nodes is None else nodes, sites=8 if sites is None else sites,
+                             duration=duration, seed=seed)
+
+
 def make_options(*, profile: str = "paper", duration: float = 90.0, strategies: str = ",".join(DEFAULT_CONFIGURATIONS),
                  ablations: bool = False, seed: int = 0, out: Path | None = None, nodes: int | None = None,
-                 overrides: dict[str, Any] | None = None, sample_interval: float = 3.0, prefix: str = "{exp}",
-                 database: str = "product_crawl_experiment", sim: bool = False, repeat: int = 1) -> Options:
-    """Validate everything a run needs, before anything starts; raises :class:`ExperimentError` if bad."""
+                 overrides: dict[str, Any] | None = None, sample_interval: float | None = None,
+                 prefix: str = "{exp}", database: str = "product_crawl_experiment", sim: bool = False,
+                 repeat: int = 1, products: int | None = None, sites: int | None = None) -> Options:
+    """Validate everything a run needs, before anything starts; raises :class:`ExperimentError` if bad.
+
+    ``sample_interval`` defaults to 3 s, or to 1/100 of a longer simulated run (``duration / 100``)."""
     configurations = parse_configurations(strategies, ablations)
     if not duration >= MIN_DURATION:  # also refuses NaN
         raise ExperimentError(f"--duration: expected at least {MIN_DURATION:.0f} seconds (shorter runs end before "
                               f"the nodes have measured anything), got {duration:g}")
-    try:
-        loaded = load_profile(profile)
-    except ProfileError as exc:
-        raise ExperimentError(str(exc)) from exc
-    sites = profile_sites(loaded)
-    if not sites:
+    if products is not None and (not sim or not 1 <= products <= MAX_SIM_PRODUCTS):
+        raise ExperimentError(f"--products: expected 1 .. {MAX_SIM_PRODUCTS} products with --sim (a real run "
+                              f"searches the paper's four), got {products}{'' if sim else ' without --sim'}")
+    loaded = _load(profile, sim=sim, nodes=nodes, sites=sites, duration=duration, seed=seed)
+    if sample_interval is None:
+        sample_interval = max(3.0, duration / 100) if sim else 3.0
+    site_list = profile_sites(loaded)
+    if not site_list:
         raise ExperimentError(f"{loaded.source}: names no sites under nodes.<address>.sites; the experiment "
                               "crawls the sites the profile describes")
     if not sim and nodes is not None and nodes > 253:
@@ -208,8 +256,9 @@ def make_options(*, profile: str = "paper", duration: float = 90.0, strategies: 
     when = time.strftime("%Y%m%d-%H%M%S")
     return Options(profile_spec=profile, profile=loaded, duration=float(duration), configurations=configurations,
                    seed=seed, out=out or Path("var/experiment") / when, nodes=experiment_nodes(loaded, nodes),
-                   sites=sites, overrides=dict(overrides or {}), sample_interval=sample_interval, prefix=prefix,
-                   database=database, sim=sim, repeat=repeat)
+                   sites=site_list, overrides=dict(overrides or {}), sample_interval=sample_interval, prefix=prefix,
+                   database=database, sim=sim, repeat=repeat,
+                   products=PRODUCTS if products is None else products_for(products))
 
 
 def virtual_tasks(sites: Sequence[str]) -> list[dict[str, Any]]:
@@ -235,10 +284,12 @@ def scrapy_redis_start_urls(base_url: str, sites: Sequence[str]) -> list[str]:
             for p in PRODUCTS for site in sites]
 
 
-def corpus_totals(profile: Profile, sites: Sequence[str], seed: int) -> dict[str, dict[str, int]]:
+def corpus_totals(profile: Profile, sites: Sequence[str], seed: int,
+                  products: Sequence[dict[str, str]] = PRODUCTS) -> dict[str, dict[str, int]]:
     """What the simulated web holds for each (product, site): the engine-reported total of its query."""
-    return {p["name"]: {site: corpus_size(keywords_for(p["name"], p.get("brand")), site, seed, profile.corpus_min,
-                                          profile.corpus_max) for site in sites} for p in PRODUCTS}
+    words = {p["name"]: keywords_for(p["name"], p.get("brand")) for p in products}  # segmented once per product
+    return {name: {site: corpus_size(w, site, seed, profile.corpus_min, profile.corpus_max) for site in sites}
+            for name, w in words.items()}
 
 
 def expected_completion(profile: Profile, address: str, site: str, elapsed: float) -> float:

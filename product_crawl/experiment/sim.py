@@ -1,13 +1,16 @@
 """``scrapy experiment --sim``: the same configurations on the cluster simulator instead of real processes.
 
 The simulator (:mod:`scheduler_ext.sim`) is told the truth through :class:`ProfileWorld`, a view of the
-simulated web's profile; each configuration's strategies are built from the same settings as for a real run (so
+simulated web's profile (a built-in one, a file, or a world of :mod:`scheduler_ext.sim.families` written as a profile
+by :func:`generated_profile`); each configuration's strategies are built from the same settings as for a real run (so
 the same ``from_crawler`` code reads them), and the run's raw record has the shape of a real run's, so
 :func:`~product_crawl.experiment.summary.summarize` and the report are computed by the same code.
 """
 
 from __future__ import annotations
 
+import bisect
+import ipaddress
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -15,43 +18,97 @@ from typing import Any
 from product_crawl.experiment.runner import (
     CLUSTER_SETTINGS,
     CONFIGURATIONS,
-    PRODUCTS,
     Options,
     Progress,
     corpus_totals,
     phase_times,
 )
 from product_crawl.oracle import OracleAllocation
-from product_crawl.simweb.profile import Profile
+from product_crawl.simweb.profile import Profile, Rule, parse_profile
 from scheduler_ext.config import Config
 from scheduler_ext.sim import Behaviour, NodeModel, SimNode, Simulation, TaskSpec
 from scheduler_ext.sim import bound as bound_module
 from scheduler_ext.sim.bound import SiteWork
+from scheduler_ext.sim.families import FAMILIES, generate
 from scheduler_ext.strategies import load_strategy
 from scheduler_ext.strategies.allocation import DynamicAllocation
 
 ORACLE = "product_crawl.oracle.OracleAllocation"
+#: The families a generated profile can be drawn from: all but ``churn`` (a profile has no joining or leaving nodes).
+PROFILE_FAMILIES = tuple(f for f in FAMILIES if f != "churn")
+GENERATED_CORPUS = {"min": 3000, "max": 30000}  # results per query, as benchmarks/bench_quality.py draws them
+
+
+def generated_profile(family: str, *, nodes: int, sites: int, duration: float, seed: int) -> Profile:
+    """A world of :func:`scheduler_ext.sim.families.generate` as a simulated-web profile: node ``i`` (``n<i>``) at
+    loopback address 127.0.0.(2 + i) onwards, sites ``s<j>.example``, each (node, site) pair with its behaviour
+    and its changes as phases (their times rounded to the second, so that a world has few distinct phases)."""
+    world = generate(family, nodes=nodes, sites=sites, duration=duration, seed=seed)
+
+    def fields(b: Behaviour) -> dict[str, Any]:
+        return {"share": round(b.share, 4), "latency": {"mean": round(b.latency, 4), "spread": round(b.spread, 4)},
+                "error_rate": round(b.error_rate, 4), "block_rate": round(b.block_rate, 4)}
+
+    base = int(ipaddress.IPv4Address("127.0.0.2"))
+    raw_nodes: dict[str, Any] = {}
+    for i, node in enumerate(world.nodes):
+        per_site = {}
+        for site in world.sites:
+            (_, first), *later = world.pairs.get((node.id, site)) or [(0.0, world.default)]
+            per_site[site] = {**fields(first), "phases": [{"after": float(round(t)), **fields(b)} for t, b in later]}
+        raw_nodes[str(ipaddress.IPv4Address(base + i))] = {"label": node.id, "sites": per_site}
+    raw = {"name": f"generated:{family}", "description": f"scheduler_ext.sim.families {family!r}, seed {seed}",
+           "corpus": GENERATED_CORPUS, "default": fields(world.default), "nodes": raw_nodes}
+    return parse_profile(raw, f"generated profile {family!r} (seed {seed}, {nodes} nodes x {sites} sites)")
 
 
 class ProfileWorld:
-    """The simulated web's profile as the simulator's :class:`~scheduler_ext.sim.World` (node id -> address)."""
+    """The simulated web's profile as the simulator's :class:`~scheduler_ext.sim.World` (node id -> address).
+
+    Each (node, site) pair's behaviour is resolved once per phase of its own rules (default, node, node and site)
+    and found by bisection, so a large generated profile costs what its pairs change, not every phase of the
+    world."""
 
     def __init__(self, profile: Profile, addresses: dict[str, str]) -> None:
         self.profile, self.addresses = profile, addresses
-        self._cache: dict[tuple[str, str, int], Behaviour] = {}
+        self._steps: dict[tuple[str, str], tuple[list[float], list[Behaviour]]] = {}
         self._changes = phase_times(profile)
 
     def behaviour(self, node: str, site: str, t: float) -> Behaviour:
-        phase = sum(1 for c in self._changes if c <= t)
-        key = (node, site, phase)
-        b = self._cache.get(key)
-        if b is None:
-            p = self.profile.behaviour(self.addresses.get(node, node), site, t)
-            b = self._cache[key] = Behaviour(p.share, p.latency.mean, p.latency.spread, p.error_rate, p.block_rate)
-        return b
+        steps = self._steps.get((node, site))
+        if steps is None:
+            steps = self._steps[(node, site)] = self._resolve(self.addresses.get(node, node), site)
+        times, behaviours = steps
+        return behaviours[max(0, bisect.bisect_right(times, t) - 1)]
+
+    def _resolve(self, address: str, site: str) -> tuple[list[float], list[Behaviour]]:
+        p = self.profile
+        entry = p.nodes.get(address)
+        rules: list[Rule] = [p.default]
+        if entry is not None:
+            rules += [entry.rule, *([entry.sites[site.lower()]] if site.lower() in entry.sites else [])]
+        times = sorted({0.0, *(ph.after for r in rules for ph in r.phases)})
+        out = []
+        for t in times:
+            b = p.behaviour(address, site, t)
+            out.append(Behaviour(b.share, b.latency.mean, b.latency.spread, b.error_rate, b.block_rate))
+        return times, out
 
     def changes(self) -> list[float]:
         return list(self._changes)
+
+
+_WORLDS: dict[int, tuple[Options, ProfileWorld]] = {}
+
+
+def profile_world(opts: Options) -> ProfileWorld:
+    """The :class:`ProfileWorld` of ``opts``, made once per experiment (a large profile resolves its pairs as
+    asked: the runs and the bound of one experiment share what was resolved)."""
+    hit = _WORLDS.get(id(opts))
+    if hit is None or hit[0] is not opts:
+        _WORLDS.clear()
+        hit = _WORLDS[id(opts)] = (opts, ProfileWorld(opts.profile, {n.id: n.address for n in opts.nodes}))
+    return hit[1]
 
 
 def build_strategies(settings: dict[str, Any], profile: Profile) -> tuple[Any, Any, Any, Config]:
@@ -72,19 +129,22 @@ def build_strategies(settings: dict[str, Any], profile: Profile) -> tuple[Any, A
             config)
 
 
-def task_specs(opts: Options) -> Iterator[TaskSpec]:
-    """The paper's products on every site, in the order the splitter makes them, with the web's result counts."""
-    totals = corpus_totals(opts.profile, opts.sites, opts.seed)
-    for product in PRODUCTS:
+def task_specs(opts: Options, totals: dict[str, dict[str, int]] | None = None) -> Iterator[TaskSpec]:
+    """The products on every site, in the order the splitter makes them, with the web's result counts
+    (``totals``, if the caller has them: :func:`corpus_totals`)."""
+    totals = totals or corpus_totals(opts.profile, opts.sites, opts.seed, opts.products)
+    for product in opts.products:
         for site in opts.sites:
             yield TaskSpec(product["name"], site, totals[product["name"]][site])
 
 
 def simulate_configuration(name: str, opts: Options, *, model: NodeModel | None = None, seed: int | None = None,
-                           progress: Progress | None = None, label: str = "") -> dict[str, Any]:
+                           progress: Progress | None = None, label: str = "",
+                           totals: dict[str, dict[str, int]] | None = None) -> dict[str, Any]:
     """Run configuration ``name`` on the simulator; the raw record of a run (as ``run_configuration`` returns).
 
-    ``seed`` (default ``opts.seed``) seeds the simulation's draws and the bandit's."""
+    ``seed`` (default ``opts.seed``) seeds the simulation's draws and the bandit's; ``totals``: the queries'
+    result counts if the caller has them (:func:`corpus_totals`)."""
     seed = opts.seed if seed is None else seed
     settings = {**CLUSTER_SETTINGS, **CONFIGURATIONS[name][1], **opts.overrides}
     # The bandit's draws follow the run's seed, so that a simulated run is reproducible.
@@ -92,9 +152,8 @@ def simulate_configuration(name: str, opts: Options, *, model: NodeModel | None 
                                                                 opts.profile)
     nodes = [SimNode(n.id, tuple(int(t) for t in str(n.types).split(",")), prefetch=config.prefetch,
                      address=n.address) for n in opts.nodes]
-    world = ProfileWorld(opts.profile, {n.id: n.address for n in opts.nodes})
-    sim = Simulation(world, nodes, task_specs(opts), allocation=allocation, modification=modification,
-                     recall=recall, duration=opts.duration, tick=config.tick_interval,
+    sim = Simulation(profile_world(opts), nodes, task_specs(opts, totals), allocation=allocation,
+                     modification=modification, recall=recall, duration=opts.duration, tick=config.tick_interval,
                      page_limit=config.page_limit, time_limit=config.time_limit, alpha=config.estimate_alpha,
                      recall_age=config.recall_age, model=model, sample_interval=opts.sample_interval,
                      seed=seed, pair_samples=len(nodes) * len(opts.sites) <= 10_000)
@@ -108,17 +167,21 @@ def simulate_configuration(name: str, opts: Options, *, model: NodeModel | None 
 
 def best_possible(opts: Options, totals: dict[str, dict[str, int]]) -> dict[str, Any]:
     """The best possible unique items of a run of ``opts`` (:func:`scheduler_ext.sim.bound.best_possible`): the
-    profile's true rates over time, the experiment's nodes and tasks, every node and the web and MongoDB on this
-    machine (:data:`~scheduler_ext.sim.bound.MACHINE`: the CPU the cheapest crawler needs here, measured). A
-    simulated run of the experiment gets the same bound as a real one, so that their ratios compare."""
-    world = ProfileWorld(opts.profile, {n.id: n.address for n in opts.nodes})
+    profile's true rates over time, the experiment's nodes and tasks. A real run's nodes, web and MongoDB share this
+    machine (:data:`~scheduler_ext.sim.bound.MACHINE`: the CPU the cheapest crawler needs here, measured); a
+    simulated run's nodes have the simulator's own machinery (:class:`~scheduler_ext.sim.NodeModel`, each node its
+    CPU), which at a handful of nodes is below the machine's bound and at a thousand far above it (a shared
+    2-core row would then be beaten by the simulation it bounds)."""
+    world = profile_world(opts)
     nodes = [SimNode(n.id, tuple(int(t) for t in str(n.types).split(",")), address=n.address) for n in opts.nodes]
     work = {site: SiteWork(0, sum(1 for p in totals if site in totals[p]),
                            sum(totals[p].get(site, 0) for p in totals)) for site in opts.sites}
-    model, machine = bound_module.MACHINE_NODE, bound_module.MACHINE
+    model, machine = (NodeModel(), None) if opts.sim else (bound_module.MACHINE_NODE, bound_module.MACHINE)
     bound = bound_module.best_possible(world, nodes, work, opts.duration, model, machine)
     bound.pop("assignments")
-    return {**bound, "model": {"concurrency": model.concurrency, "node_page_cpu": model.page_cpu,
-                               "node_item_cpu": model.item_cpu, "cores": machine.cores,
-                               "machine_page_cpu": machine.page_cpu, "machine_item_cpu": machine.item_cpu,
+    nodes_model = {"concurrency": model.concurrency, "node_page_cpu": model.page_cpu, "node_item_cpu": model.item_cpu}
+    if machine is None:
+        return {**bound, "model": {**nodes_model, "source": "the simulator's NodeModel, a machine per node"}}
+    return {**bound, "model": {**nodes_model, "cores": machine.cores, "machine_page_cpu": machine.page_cpu,
+                               "machine_item_cpu": machine.item_cpu,
                                "source": "benchmarks/results/bench_machine.json"}}

@@ -6,6 +6,7 @@ can be recomputed and tested without running a cluster.
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Sequence
 from typing import Any
 
@@ -15,15 +16,17 @@ from product_crawl.experiment.runner import (
     CONFIGURATIONS,
     WINDOW,
     Options,
+    expected_completion,
     phase_times,
-    suited_sites,
 )
+from product_crawl.simweb.profile import Profile
 
 SUMMARY_VERSION = 1
 GOAL_VS_SHARED = 1.5  # dynamic must collect at least this many times shared's unique items
 GOAL_VS_ORACLE = 0.9  # ... and at least this share of what the oracle collects
 GOAL_SUITED = 0.8  # ... and each node must spend at least this share of its late pages on sites it suits
 GOAL_VS_BEST = 0.8  # ... and at least this share of the best possible (the computed upper bound)
+MAX_PER_QUERY = 10_000  # queries up to which summary.json lists the result count of each (more: only the total)
 
 
 def _ratio(a: float | None, b: float | None) -> float | None:
@@ -40,10 +43,11 @@ def windowed(samples: Sequence[dict[str, Any]], pair: str, window: float = WINDO
     [[5, 0.9], [10, 0.1]]
     """
     out: list[list[float]] = []
+    i = -1  # index of the base: the last sample at least ``window`` seconds older (none: the counts start at zero)
     for s in samples:
-        # The base is the last sample at least ``window`` seconds older (none: the counts start at zero).
-        base = [b for b in samples if b["t"] <= s["t"] - window]
-        start = base[-1]["pairs"].get(pair, [0, 0]) if base else [0, 0]
+        while i + 1 < len(samples) and samples[i + 1]["t"] <= s["t"] - window:
+            i += 1
+        start = samples[i]["pairs"].get(pair, [0, 0]) if i >= 0 else [0, 0]
         now = s["pairs"].get(pair, [0, 0])
         offered, collected = now[0] - start[0], now[1] - start[1]
         if offered > 0:
@@ -60,7 +64,33 @@ def _at(samples: Sequence[dict[str, Any]], t: float) -> dict[str, Any]:
     return best
 
 
-def summarize_run(raw: dict[str, Any], opts: Options, corpus_total: int) -> dict[str, Any]:
+class Suited:
+    """:func:`~product_crawl.experiment.runner.suited_sites` for many nodes and times: the truth changes only at
+    the profile's phases, so the best completion of each site is computed once per phase, and each node's suited
+    sites once per phase (not once per node and sample: quadratic in the nodes)."""
+
+    def __init__(self, profile: Profile, sites: Sequence[str], floor: float = 0.5) -> None:
+        self.profile, self.sites, self.floor = profile, list(sites), floor
+        self.changes = phase_times(profile)
+        self._best: dict[int, dict[str, float]] = {}
+        self._sites: dict[tuple[str, int], list[str]] = {}
+
+    def __call__(self, address: str, elapsed: float) -> list[str]:
+        phase = bisect.bisect_right(self.changes, elapsed)
+        key = (address, phase)
+        if key not in self._sites:
+            at = self.changes[phase - 1] if phase else 0.0
+            best = self._best.get(phase)
+            if best is None:
+                best = self._best[phase] = {s: max((expected_completion(self.profile, a, s, at)
+                                                    for a in self.profile.nodes), default=0.0) for s in self.sites}
+            self._sites[key] = [s for s in self.sites if best[s] > 0 and
+                                expected_completion(self.profile, address, s, at) >= self.floor * best[s]]
+        return self._sites[key]
+
+
+def summarize_run(raw: dict[str, Any], opts: Options, corpus_total: int, suited: Suited | None = None
+                  ) -> dict[str, Any]:
     """The ``runs.<configuration>`` entry of the summary from one raw run record."""
     samples = raw["samples"]
     final = samples[-1]
@@ -72,23 +102,22 @@ def summarize_run(raw: dict[str, Any], opts: Options, corpus_total: int) -> dict
     # Late pages: those crawled in the second half of the run, after the estimates had time to settle; each
     # interval's pages are judged by what the node suited during that interval (phases change the truth).
     late_samples = [s for s in samples if s["t"] >= opts.duration / 2]
-    late_from = _at(samples, opts.duration / 2)
-    suited_end = {n: suited_sites(opts.profile, address[n], opts.sites, opts.duration) for n in node_ids}
+    suited = suited or Suited(opts.profile, opts.sites)
+    late: dict[str, dict[str, int]] = {n: {} for n in node_ids}
+    late_suited = dict.fromkeys(node_ids, 0)
+    prev = _at(samples, opts.duration / 2)
+    for cur in late_samples:  # the pairs that crawled in each interval (a pair's pages only grow)
+        for key, v in cur["pairs"].items():
+            pages = v[3] - prev["pairs"].get(key, [0, 0, 0, 0])[3]
+            nid, site = key.split("|", 1)
+            if pages and nid in late:
+                late[nid][site] = late[nid].get(site, 0) + pages
+                late_suited[nid] += pages if site in suited(address[nid], cur["t"]) else 0
+        prev = cur
     nodes: dict[str, Any] = {}
     for nid in node_ids:
         per_site = {site: final["pairs"].get(f"{nid}|{site}", [0, 0, 0, 0, None]) for site in opts.sites}
-        late: dict[str, int] = dict.fromkeys(opts.sites, 0)
-        late_suited = 0
-        prev = late_from
-        for cur in late_samples:
-            suited_now = suited_sites(opts.profile, address[nid], opts.sites, cur["t"])
-            for site in opts.sites:
-                key = f"{nid}|{site}"
-                pages = cur["pairs"].get(key, [0, 0, 0, 0])[3] - prev["pairs"].get(key, [0, 0, 0, 0])[3]
-                late[site] += pages
-                late_suited += pages if site in suited_now else 0
-            prev = cur
-        late_total = sum(late.values())
+        late_total = sum(late[nid].values())
         c = counts.get(nid, {})
         served = web.get(address[nid], {})
         nodes[nid] = {
@@ -103,9 +132,9 @@ def summarize_run(raw: dict[str, Any], opts: Options, corpus_total: int) -> dict
             "requests": int(served.get("requests", 0)),
             "errors": int(served.get("error", 0)),
             "blocked": int(served.get("blocked", 0)),
-            "suited_sites": suited_end[nid],
-            "late_pages": {s: v for s, v in late.items() if v},
-            "suited_share": None if not late_total else round(late_suited / late_total, 4),
+            "suited_sites": suited(address[nid], opts.duration),
+            "late_pages": {s: late[nid][s] for s in opts.sites if late[nid].get(s)},
+            "suited_share": None if not late_total else round(late_suited[nid] / late_total, 4),
         }
     offered = sum(n["offered"] for n in nodes.values())
     collected = sum(n["collected"] for n in nodes.values())
@@ -186,7 +215,8 @@ def summarize(raws: dict[str, dict[str, Any]], opts: Options, totals: dict[str, 
     from product_crawl.experiment.sim import best_possible
 
     corpus_total = sum(v for per_site in totals.values() for v in per_site.values())
-    runs = {name: summarize_run(raw, opts, corpus_total) for name, raw in raws.items()}
+    suited = Suited(opts.profile, opts.sites)
+    runs = {name: summarize_run(raw, opts, corpus_total, suited) for name, raw in raws.items()}
     best = best_possible(opts, totals)
     for run in runs.values():
         run["vs_best"] = _ratio(run["unique_items"], best["items"])
@@ -206,7 +236,8 @@ def summarize(raws: dict[str, dict[str, Any]], opts: Options, totals: dict[str, 
         "nodes": {n.id: {"address": n.address, "label": opts.profile.label(n.address)} for n in opts.nodes},
         "sites": opts.sites,
         "products": list(totals),
-        "corpus": {"total": corpus_total, "per_query": totals},
+        "corpus": {"total": corpus_total, "queries": len(totals) * len(opts.sites),
+                   "per_query": totals if len(totals) * len(opts.sites) <= MAX_PER_QUERY else None},
         "settings": {**CLUSTER_SETTINGS, **opts.overrides},
         "runs": runs,
         "simulated": opts.sim,

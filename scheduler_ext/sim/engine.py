@@ -118,8 +118,8 @@ class Simulation:
                                      recall_age=self.recall_age)
         self.keys = Keys("{sim}")
         self._crawl_key, self._counts_key = self.keys.crawl(""), self.keys.node_counters("")
+        self._write_keys = (self.keys.subtasks, self.keys.tasks, self.keys.waiting)
         self.ids = CountingIds()
-        self._taken: set[str] = set()
         self.model = model or NodeModel()
         self.sample_interval, self.pair_samples, self.on_sample = sample_interval, pair_samples, on_sample
         self.rng = random.Random(seed)
@@ -131,9 +131,12 @@ class Simulation:
         self.now = 0.0
         # scheduling state (the Redis keys of docs/redis-keys.md, in memory)
         self.tasks: dict[str, _TaskState] = {}
-        self.waiting: list[tuple[float, int, str]] = []  # (priority, id, ...) sorted
-        self.subtasks: dict[str, Subtask] = {}
-        self.records: dict[str, str] = {}  # waiting subtask id -> its record (JSON), made once
+        self._open_pairs: dict[tuple[str, str], int] = {}  # (product, site) -> its open tasks
+        # ``waiting`` as a heap of (priority, id, entry number, subtask); an entry is current while ``subtasks[id]``
+        # is its subtask (allocated, or requeued as a new record, it is skipped when it comes up). The entry number
+        # orders a requeued subtask's entries, so that two never compare their subtasks.
+        self.waiting: list[tuple[float, int, int, Subtask]] = []
+        self.subtasks: dict[str, Subtask] = {}  # waiting subtask id -> its record
         self.queues: dict[str, list[Subtask]] = {n: [] for n in self.nodes}
         self.running: dict[str, dict[str, _Run]] = {n: {} for n in self.nodes}
         m = self.model
@@ -150,6 +153,7 @@ class Simulation:
         self.failures: list[Report] = []
         self.lost: list[tuple[float, Subtask]] = []  # (when the control notices, subtask) of nodes that left
         self.polling: set[str] = set()
+        self._views: dict[str, NodeView] = {}
         self._pending_pages: dict[str, dict[int, int]] = {}  # subtask id -> page -> results collected
         # measurements
         self.unique = 0
@@ -214,7 +218,7 @@ class Simulation:
     # --- tasks ------------------------------------------------------------------------------------------------------
     def _fill(self, want: int) -> None:
         """Make tasks from the source until ``want`` subtasks wait (or the source is empty)."""
-        while self._source_left and len(self.waiting) < want:
+        while self._source_left and len(self.subtasks) < want:
             spec = next(self._source, None)
             if spec is None:
                 self._source_left = False
@@ -225,14 +229,15 @@ class Simulation:
             self.tasks_made += 1
             pages = max(1, math.ceil(spec.results / PAGE_SIZE))
             self.tasks[tid] = _TaskState(task, pages, spec.results)
+            self._open_pairs[(spec.group, spec.site)] = self._open_pairs.get((spec.group, spec.site), 0) + 1
             self._wait(Subtask(id=self._id(), task=tid, site=spec.site, group=spec.group, type=spec.type,
                                priority=task.priority, first_page=0, page_limit=self.page_limit,
                                time_limit=self.time_limit, since=self.now))
 
-    def _wait(self, st: Subtask, raw: str | None = None) -> None:
+    def _wait(self, st: Subtask) -> None:
         self.subtasks[st.id] = st
-        self.records[st.id] = st.to_json() if raw is None else raw
-        bisect.insort(self.waiting, (st.priority, int(st.id), st.id))
+        self._seq += 1
+        heapq.heappush(self.waiting, (st.priority, int(st.id), self._seq, st))
 
     # --- the control ----------------------------------------------------------------------------------------------
     def _tick(self) -> None:
@@ -244,27 +249,35 @@ class Simulation:
             return
         size = self.strategies.window(total_free) if total_free else 0
         self._fill(size)
-        k = self.keys
         reports, self.reports = self.reports, []
         failures, self.failures = self.failures, []
         stale: list[tuple[str, str | None]] = []
         while self.lost and self.lost[0][0] <= self.now:
             _, st = self.lost.pop(0)
             stale.append((st.id, st.to_json()))
-        tids = {r.subtask.task for r in (*reports, *failures)}
-        waiting, parsed = self._window(size)
-        snap = Snapshot(
-            keys=k, now=self.now, estimates=self.estimates, ids=self.ids,
-            reports=[Entry(k.sleeping, raw, len(raw)) for raw in (r.to_json() for r in reports)],
-            failures=[Entry(k.failed, raw, len(raw)) for raw in (r.to_json() for r in failures)],
-            tasks={tid: self.tasks[tid].task.to_json() if tid in self.tasks else None for tid in tids},
-            stale=stale, nodes=nodes,
-            waiting=waiting, parsed=parsed)
+        window = self._window(size)
+        snap = self._snapshot(reports, failures, stale, nodes, [entry[3] for entry in window])
+        self.estimates.read()
         for decision in decide(snap, self.strategies, self.now):
             self._apply(decision)
-        if self._taken:
-            self.waiting = [w for w in self.waiting if w[2] not in self._taken]
-            self._taken.clear()
+        for entry in window:  # what allocation left waits on
+            if self.subtasks.get(entry[3].id) is entry[3]:
+                heapq.heappush(self.waiting, entry)
+
+    def _snapshot(self, reports: list[Report], failures: list[Report], stale: list[tuple[str, str | None]],
+                  nodes: list[NodeView], window: list[Subtask]) -> Snapshot:
+        """What the control would read, on the object path (Snapshot.objects): reports, task records and waiting
+        subtasks go in as the objects the control would decode from Redis, and the records of the decisions'
+        writes come back as objects. A waiting subtask's "record" is its id, under which ``parsed`` holds it."""
+        k = self.keys
+        return Snapshot(
+            keys=k, now=self.now, estimates=self.estimates, ids=self.ids,
+            reports=[Entry(k.sleeping, "", 0, report=r) for r in reports],
+            failures=[Entry(k.failed, "", 0, report=r) for r in failures],
+            tasks={tid: state.task if (state := self.tasks.get(tid)) else None
+                   for tid in {r.subtask.task for r in (*reports, *failures)}},
+            stale=stale, nodes=nodes, waiting=[(st.id, st.id) for st in window], parsed={st.id: st for st in window},
+            objects=True)
 
     def _nothing_to_decide(self, total_free: int) -> bool:
         """True if :func:`decide` would read this tick and decide nothing: no free slot (nothing is allocated
@@ -272,44 +285,66 @@ class Simulation:
         return not total_free and not self.reports and not self.failures \
             and not (self.lost and self.lost[0][0] <= self.now)
 
-    def _window(self, size: int) -> tuple[list[tuple[str, str | None]], dict[str, Subtask]]:
-        """The first ``size`` waiting subtasks as the control reads them: (id, record), and record -> subtask
-        (their records were encoded once, when they entered ``waiting``; ``decide`` need not decode them)."""
-        ids = [sid for _, _, sid in self.waiting[:size]]
-        return [(sid, self.records[sid]) for sid in ids], {self.records[sid]: self.subtasks[sid] for sid in ids}
+    def _window(self, size: int) -> list[tuple[float, int, int, Subtask]]:
+        """The first ``size`` waiting subtasks, taken off the heap (the caller puts back those still waiting):
+        a tick costs the window, not the waiting set."""
+        out: list[tuple[float, int, int, Subtask]] = []
+        heap, current = self.waiting, self.subtasks
+        while heap and len(out) < size:
+            entry = heapq.heappop(heap)
+            if current.get(entry[3].id) is entry[3]:
+                out.append(entry)
+        return out
 
     def _apply(self, decision: Decision) -> None:
-        """Apply one decision's writes to the simulated state (its guards hold: nothing runs between the steps)."""
-        k = self.keys
-        records: dict[str, str] = {}
+        """Apply one decision's writes to the simulated state (its guards hold: nothing runs between the steps).
+        On the object path the records in the writes are the Subtask and Task objects themselves."""
+        k_subtasks, k_tasks, k_waiting = self._write_keys
+        records: dict[str, Subtask] = {}
         for w in decision.writes:
             op, key = w[0], w[1]
-            if op == "hset" and key == k.subtasks:
+            if op == "hset" and key == k_subtasks:
                 records[w[2]] = w[3]
-            elif op == "hset" and key == k.tasks:
-                task = Task.from_json(w[3])
+            elif op == "hset" and key == k_tasks:
+                task: Task = w[3]
                 state = self.tasks.get(task.id)
                 if state is not None:
                     state.task = task
                     if task.done:
                         self.tasks_done += 1
-                        del self.tasks[task.id]  # nothing refers to it any more: memory stays bounded at scale
-            elif op == "zadd" and key == k.waiting:
-                self._wait(Subtask.from_json(records[w[3]]), records[w[3]])
+                        # nothing refers to it any more, nor to its product's figures on the site once no other
+                        # task of the pair is open: memory stays bounded by the open tasks at scale
+                        del self.tasks[task.id]
+                        pair = (task.group, task.site)
+                        self._open_pairs[pair] -= 1
+                        if not self._open_pairs[pair]:
+                            del self._open_pairs[pair]
+                            self.estimates.forget_group(*pair)
+            elif op == "zadd" and key == k_waiting:
+                self._wait(records[w[3]])
             elif op == "lpush" and key.startswith(self._crawl_key):
-                self._queue(key[len(self._crawl_key):], Subtask.from_json(w[2]))
+                self._queue(key[len(self._crawl_key):], w[2])
             elif op == "hincrby" and key.startswith(self._counts_key):
                 self._count(key[len(self._counts_key):], w[2], int(w[3]))
+            elif op == "hdel" and key == k_subtasks:  # dead-lettered
+                self.subtasks.pop(w[2], None)
         if decision.kind == "allocate":
             self.allocated += 1
-            self._taken.add(decision.subject)
             self.subtasks.pop(decision.subject, None)
-            self.records.pop(decision.subject, None)
 
     def live_nodes(self) -> list[NodeView]:
-        return [NodeView(id=n.id, types=list(n.types), address=n.address,
-                         free=max(0, self.prefetch[n.id] - len(self.queues[n.id])))
-                for n in self.nodes.values() if self.live(n.id)]
+        """The live nodes as the control reads them; a node's view is made again only when its free slots
+        changed (allocation reads the views, never changes them)."""
+        out, views, now = [], self._views, self.now
+        for n in self.nodes.values():
+            if not n.joins <= now < n.leaves:
+                continue
+            free = max(0, self.prefetch[n.id] - len(self.queues[n.id]))
+            view = views.get(n.id)
+            if view is None or view.free != free:
+                view = views[n.id] = NodeView(id=n.id, types=list(n.types), address=n.address, free=free)
+            out.append(view)
+        return out
 
     def _adapt_prefetch(self) -> None:
         """The adaptive prefetch (``scheduler.SubtaskScheduler._adapt_prefetch``): about two ticks of takes."""
@@ -489,7 +524,7 @@ class Simulation:
                 nid, site = key.split("|", 1)
                 e = est.get(site, {}).get(nid)
                 pairs[key] = [int(o), int(c), int(r), int(p), None if e is None else e.c]
-        s = {"t": round(min(self.now, self.duration), 2), "items": self.unique, "waiting": len(self.waiting),
+        s = {"t": round(min(self.now, self.duration), 2), "items": self.unique, "waiting": len(self.subtasks),
              "tasks": self.tasks_made, "tasks_done": self.tasks_done,
              "pairs": pairs}
         self.samples.append(s)
@@ -504,9 +539,23 @@ class Simulation:
                 "first_use": {f"{n}|{s}": v for (n, s), v in self.first_use.items()}}
 
 
+_CDFS: dict[tuple[int, float], list[float]] = {}
+
+
 def _binomial(rng: random.Random, n: int, p: float) -> int:
+    """A Binomial(n, p) draw by inversion: one uniform, the distribution function tabled once per (n, p) (the
+    worlds have a few thousand distinct shares; pages have ``PAGE_SIZE`` results but the last)."""
     if n <= 0 or p <= 0:
         return 0
     if p >= 1:
         return n
-    return sum(1 for _ in range(n) if rng.random() < p)
+    cdf = _CDFS.get((n, p))
+    if cdf is None:
+        if len(_CDFS) > 100_000:
+            _CDFS.clear()
+        cdf, total = [], 0.0
+        for k in range(n):
+            total += math.comb(n, k) * p ** k * (1 - p) ** (n - k)
+            cdf.append(total)
+        _CDFS[(n, p)] = cdf
+    return bisect.bisect_right(cdf, rng.random())

@@ -56,6 +56,7 @@ class MemoryEstimates:
         self.groups: dict[tuple[str, str], dict[str, Entry]] = {}
         self._site_sums: dict[str, dict[str, Sums]] = {}
         self._group_sums: dict[tuple[str, str], dict[str, Sums]] = {}
+        self._copied: set[str] = set()  # sites whose sums are a new mapping since the last read()
 
     def finish(self, *, site: str, group: str, node: str, offered: int, collected: int, pages: int,
                seconds: float, ok: bool, now: float, attempted: int | None = None) -> None:
@@ -67,11 +68,24 @@ class MemoryEstimates:
             assert e.sums is not None  # updated() always sets them
             sums[node] = e.sums
 
-        # Copy on write, as the control's cache does: a site's sums are a new mapping after a run, which is how
-        # allocation knows to re-rank the site's nodes.
-        site_sums = self._site_sums[site] = dict(self._site_sums.get(site, {}))
+        # Copy on write, as the control's cache does at each tick's refresh: a site's sums are a new mapping once
+        # a run finished there since the last read, which is how allocation knows to re-rank the site's nodes.
+        if site in self._copied:
+            site_sums = self._site_sums[site]
+        else:
+            site_sums = self._site_sums[site] = dict(self._site_sums.get(site, {}))
+            self._copied.add(site)
         update(self.sites.setdefault(site, {}), site_sums, True)
         update(self.groups.setdefault((group, site), {}), self._group_sums.setdefault((group, site), {}), False)
+
+    def forget_group(self, group: str, site: str) -> None:
+        """Drop the (product, site) figures (the simulator: the product's task on the site is done)."""
+        self.groups.pop((group, site), None)
+        self._group_sums.pop((group, site), None)
+
+    def read(self) -> None:
+        """A control reads the estimates (a tick starts): later runs copy the sums they change again."""
+        self._copied.clear()
 
     # --- the Estimates protocol -------------------------------------------------------------------------------------
     def completion(self, site: str, node: str) -> Estimate | None:
