@@ -89,32 +89,6 @@ def group_sums(estimates: Estimates, group: str, site: str) -> Mapping[str, Sums
     return get(group, site) if get is not None else {}
 
 
-#: Population size above which ``random.Random.sample`` draws ``EXPLORE_SAMPLE`` items by its set method.
-_SET_SAMPLING = 21 + 4 ** math.ceil(math.log(EXPLORE_SAMPLE * 3, 4))
-
-
-def _sample(rng: random.Random, population: Sequence[str]) -> list[str]:
-    """``rng.sample(population, EXPLORE_SAMPLE)``: the same draws, in the same order, at half the cost for a large
-    population (CPython's set method, inlined; a smaller one is left to ``sample``). Taken once per subtask of
-    the window, so its cost counts at 1,000 nodes.
-
-    >>> a, b, pop = random.Random(3), random.Random(3), [str(i) for i in range(1000)]
-    >>> all(_sample(a, pop) == b.sample(pop, EXPLORE_SAMPLE) for _ in range(100))
-    True
-    """
-    n = len(population)
-    if n <= _SET_SAMPLING:
-        return rng.sample(population, EXPLORE_SAMPLE)
-    bits, draw = n.bit_length(), rng.getrandbits
-    chosen: dict[int, None] = {}  # a draw already chosen is drawn again, as in sample()
-    while len(chosen) < EXPLORE_SAMPLE:
-        j = draw(bits)
-        while j >= n:
-            j = draw(bits)
-        chosen[j] = None
-    return [population[j] for j in chosen]
-
-
 def _expiry(site: str, now: float, period: float) -> float:
     """When a ranking of ``site`` rated at ``now`` expires: at the next multiple of ``period`` after ``now``,
     shifted by a phase fixed per site, so that each site is re-rated once a period and the sites' re-ratings are
@@ -312,7 +286,7 @@ class BanditAllocation(Allocation):
             if now - st.since >= self.patience:
                 floor = 0.0
             cands = free_by_type[st.type]
-            pool = cands if len(cands) <= EXPLORE_SAMPLE else _sample(self.rng, cands)
+            pool = cands if len(cands) <= EXPLORE_SAMPLE else self.rng.sample(cands, EXPLORE_SAMPLE)
             sums, theta0, rho0, _, prior = cls.site.ranking.data
             rates, skip, site_rates = cls.rates, cls.skip, cls.site.ranking.c
             for nid in pool:
