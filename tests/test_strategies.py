@@ -612,7 +612,8 @@ class SumsEstimates(FakeEstimates):
         for pages, offered, collected, seconds, ok in runs:
             old = self.sums.setdefault(site, {}).get(nid)
             self.sums[site][nid] = update_sums(old, pages_done=pages, failed_pages=0 if ok else 1, offered=offered,
-                                               collected=collected, seconds=seconds, alpha=0.3, now=at)
+                                               collected=collected, seconds=seconds, alpha=0.3, now=at,
+                                               failed=not ok)
         return self
 
     def site_sums(self, site: str) -> dict[str, Sums]:
@@ -702,6 +703,29 @@ def test_bandit_never_explores_with_a_subtask_that_failed_already() -> None:
     # With no candidate known to collect anything (n1 avoided), the recalled subtask explores rather than wait.
     avoiding = replace(st("s2"), attempt=1, avoid=["n1"])
     assert assigned(BanditAllocation().allocate([avoiding], [node("n1"), node("n2")], est, NOW)) == {"s2": "n2"}
+
+
+def test_bandit_sends_a_recalled_subtask_to_a_node_that_finishes_runs() -> None:
+    # n1 (good) failed the subtask: avoided. n2 collects fast but a captcha ends every run; n3 is slow and finishes.
+    blocked = [(2, 20, 19, 0.4, False)] * 6
+    slow = [(10, 100, 30, 2.0, True)] * 6
+    est = SumsEstimates().runs("a.com", "n1", GOOD, GOOD, GOOD).runs("a.com", "n2", *blocked).runs("a.com", "n3", *slow)
+    posts, _ = BanditAllocation().posteriors("g", "a.com", est, NOW)
+    assert posts["n2"].mean > 2 * posts["n3"].mean  # by rate alone, the blocked node
+    recalled = replace(st("s1"), attempt=1, avoid=["n1"])
+    nodes = [node("n1"), node("n2"), node("n3")]
+    assert assigned(BanditAllocation().allocate([recalled], nodes, est, NOW)) == {"s1": "n3"}
+
+
+def test_bandit_exploits_what_the_evidence_says_however_old() -> None:
+    # n2 was measured bad five minutes ago. Its evidence has faded (its draws may explore it again), but its
+    # expected rate is still the measured one: without exploration budget it never gets a subtask.
+    est = (SumsEstimates().runs("a.com", "n1", GOOD, GOOD, GOOD)
+           .runs("a.com", "n2", *[(10, 100, 10, 6.0, True)] * 6, at=NOW - 300))
+    for tick in range(50):
+        strategy = BanditAllocation(seed=tick)
+        strategy.credit = 0.0
+        assert strategy.allocate([st("s1")], [node("n1", 0), node("n2")], est, NOW) == []
 
 
 def test_bandit_explores_within_its_budget() -> None:
