@@ -69,6 +69,12 @@ class Diag(Simulation):
             true_rate(self.world.behaviour(n, st.site, self.now)) for n in self.nodes if self.live(n))
         kind = "captcha" if nid in self.captcha else "good" if q >= 0.6 else "bad"
         aged = self.now - st.since >= getattr(self.allocation, "patience", 1e9)
+        if getattr(self.allocation, "_exploring", {}).get((st.site, nid)) == self.now:
+            sums = self.estimates.site_sums(st.site)
+            s = sums.get(nid)
+            cp = max((x.cp for x in sums.values()), default=0.0)
+            why = "untried" if s is None else "after_cp" if s.t < cp else "drawn"
+            self.d[f"explore_{why}_{kind}"] += 1
         self.d[f"to_{kind}_{'retry' if st.attempt else 'fresh'}_{'aged' if aged else 'young'}"] += 1
 
     def _apply(self, decision: Any) -> None:
@@ -150,7 +156,8 @@ def main() -> None:
                 qw += sim.qwaits
                 pages += sim.pages
             held = max(tot["held"], 1e-9)
-            kinds = {k: int(v) for k, v in sorted(tot.items()) if k.startswith(("fail_", "to_", "dead_site"))}
+            kinds = {k: int(v) for k, v in sorted(tot.items())
+                     if k.startswith(("fail_", "to_", "dead_site", "explore_"))}
             print("   failed runs by attempt and pair, assignments by pair, deaths by good nodes of the site:", kinds)
             print(f"{family:8s} {name:7s} items {items:8d} ({items / bound:.2f} of bound) seeds {per_seed}\n"
                   f"   idle {tot['idle'] / tot['live']:.3f} (non-captcha {tot['idle_ok'] / tot['live_ok']:.3f})"

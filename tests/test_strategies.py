@@ -26,6 +26,7 @@ from scheduler_ext.strategies import (
     RecallDecision,
     load_strategy,
 )
+from scheduler_ext.strategies import bandit as bandit_module
 from scheduler_ext.strategies import modification as modification_module
 from scheduler_ext.strategies.allocation import DynamicAllocation, RoundRobinAllocation, SharedAllocation
 from scheduler_ext.strategies.bandit import BanditAllocation
@@ -616,6 +617,11 @@ class SumsEstimates(FakeEstimates):
                                                failed=not ok)
         return self
 
+    def put(self, site: str, nid: str, sums: Sums) -> SumsEstimates:
+        """Set a pair's sums (a new mapping for the site, as the control's cache makes on change)."""
+        self.sums[site] = {**self.sums.get(site, {}), nid: sums}
+        return self
+
     def site_sums(self, site: str) -> dict[str, Sums]:
         return self.sums.get(site, {})
 
@@ -726,6 +732,25 @@ def test_bandit_exploits_what_the_evidence_says_however_old() -> None:
         strategy = BanditAllocation(seed=tick)
         strategy.credit = 0.0
         assert strategy.allocate([st("s1")], [node("n1", 0), node("n2")], est, NOW) == []
+
+
+def test_bandit_doctests() -> None:  # the learnt half-life
+    result = doctest.testmod(bandit_module)
+    assert result.attempted >= 4 and result.failed == 0
+
+
+def test_bandit_learns_how_fast_evidence_fades_from_the_changes_it_sees() -> None:
+    # One pair runs every second for 100 s: first without change, then changing treatment every other run.
+    strategy = BanditAllocation(half_life=30.0)
+    sums = None
+    for t in range(1, 101):
+        good = t < 50 or t % 2
+        sums = update_sums(sums, pages_done=10, failed_pages=0, offered=100, collected=93 if good else 5,
+                           seconds=1.0, alpha=0.3, now=float(t))
+        strategy.allocate([st("s1")], [node("n1")], SumsEstimates().put("a.com", "n1", sums), float(t))
+        if t == 49:
+            assert strategy.changes == 0 and strategy.effective_half_life > 60  # stable: a longer memory
+    assert strategy.changes > 20 and strategy.effective_half_life < 10  # changing all the time: a short one
 
 
 def test_bandit_explores_within_its_budget() -> None:

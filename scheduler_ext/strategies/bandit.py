@@ -104,7 +104,9 @@ class BanditAllocation(Allocation):
         self.rate_floor = rate_floor
         self.patience = patience
         self.explore_share = explore_share
-        self.half_life = half_life
+        self.half_life = half_life  # the prior's: the effective one is learnt (:attr:`effective_half_life`)
+        self.changes = 0  # changes of treatment seen (a pair's ``cp`` moved), between consecutive runs of a pair
+        self.exposure = 0.0  # pair-seconds between consecutive runs of a pair (where those changes could happen)
         self.explore_timeout = explore_timeout
         self.rng = random.Random(seed)
         self.credit: float | None = None  # exploration budget, in runs; starts at one per node
@@ -144,7 +146,8 @@ class BanditAllocation(Allocation):
         refined = dict(posts)
         for nid, pace in per_group.items():
             if nid in sums:
-                refined[nid] = Posterior.of(sums[nid], now=now, half_life=self.half_life, theta0=theta0, rho0=rho0,
+                refined[nid] = Posterior.of(sums[nid], now=now, half_life=self.effective_half_life, theta0=theta0,
+                                            rho0=rho0,
                                             pace=pace)
         return refined, prior
 
@@ -168,9 +171,36 @@ class BanditAllocation(Allocation):
         if hit is not None and hit[0] is sums and hit[1] == theta0 and hit[2] == rho0 \
                 and now - hit[3] < self.half_life / 10:
             return hit[4]
-        post = Posterior.of(sums, now=now, half_life=self.half_life, theta0=theta0, rho0=rho0)
+        post = Posterior.of(sums, now=now, half_life=self.effective_half_life, theta0=theta0, rho0=rho0)
         self._cache[id(sums)] = (sums, theta0, rho0, now, post)
         return post
+
+    @property
+    def effective_half_life(self) -> float:
+        """The half-life of unused evidence, learnt from how often pairs are seen to change.
+
+        Evidence should fade at the rate the world changes: a pair not run for ``age`` seconds has kept its
+        treatment with probability ``exp(-h age)``, for a hazard ``h`` of changes per pair-second. ``h`` is
+        estimated from the runs themselves: the changes of treatment seen (a run that is a change point of its
+        pair, :func:`~scheduler_ext.strategies.posterior.changed` with a shift) over the pair-seconds between
+        consecutive runs of a pair, where they happened; with a Gamma prior of one change per ``half_life /
+        ln 2`` pair-seconds (the setting: what is believed before any evidence). Posterior mean
+        ``h = (1 + changes) / (half_life / ln 2 + exposure)``, half-life ``ln 2 / h``. A cluster whose sites never
+        change stops re-exploring pairs it measured (each re-exploration costs a subtask on a pair likely bad);
+        one whose sites drift keeps a short memory.
+
+        >>> b = BanditAllocation(half_life=30.0)
+        >>> round(b.effective_half_life, 6)  # no evidence yet: the setting
+        30.0
+        >>> b.exposure, b.changes = 10_000.0, 0  # 10,000 pair-seconds between runs and no change seen
+        >>> round(b.effective_half_life)
+        6961
+        >>> b.changes = 20  # 20 changes in them: a sixth of that
+        >>> round(b.effective_half_life)
+        331
+        """
+        prior = self.half_life / math.log(2)
+        return math.log(2) * (prior + self.exposure) / (1.0 + self.changes)
 
     def _ranking(self, site: str, sums: Mapping[str, Sums], now: float, typed: _Typed,
                  previous: _Ranking | None) -> _Ranking:
@@ -185,10 +215,16 @@ class BanditAllocation(Allocation):
         else:
             theta0, rho0 = self._prior(sums)
         index = typed.index
-        if previous is not None and previous.data[1:3] == (theta0, rho0):
+        if previous is not None:
             old = previous.data[0]
-            c = {nid: r for nid, r in previous.c.items() if nid in sums}
             changed = {nid: new for nid, new in sums.items() if old.get(nid) is not new and nid in index}
+            for nid, new in changed.items():  # the evidence of how often pairs change (effective_half_life)
+                was = old.get(nid)
+                if was is not None and new.t > was.t:
+                    self.exposure += new.t - was.t
+                    self.changes += new.cp > was.cp
+        if previous is not None and previous.data[1:3] == (theta0, rho0):
+            c = {nid: r for nid, r in previous.c.items() if nid in sums}
             c.update(expected_rates(changed, now=now, half_life=EXPLOIT, theta0=theta0, rho0=rho0))
         else:
             c = expected_rates({nid: s for nid, s in sums.items() if nid in index}, now=now,
@@ -258,6 +294,7 @@ class BanditAllocation(Allocation):
 
         explore: list[tuple[float, int, bool, Subtask, str]] = []
         exploring = self._exploring
+        half_life = self.effective_half_life
         changes = self._changes
 
         def site_change(sums: Mapping[str, Sums]) -> float:
@@ -294,7 +331,7 @@ class BanditAllocation(Allocation):
                 if s is not None and s.t < site_change(sums):
                     s = None  # tried before the site changed how it treats some node: as good as untried
                 draw = prior.sample(self.rng) if s is None else draw_rate(
-                    self.rng, s, now=now, half_life=self.half_life, theta0=theta0, rho0=rho0, pace=cls.posts.get(nid))
+                    self.rng, s, now=now, half_life=half_life, theta0=theta0, rho0=rho0, pace=cls.posts.get(nid))
                 if draw <= self.rate_floor * best:
                     continue
                 if draw <= best and busy(nid, self.rate_floor * best):
