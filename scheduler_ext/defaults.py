@@ -59,7 +59,7 @@ DEFAULTS: dict[str, Any] = {
     "SCHEDEXT_RATE_FLOOR": 0.6,  # a free node gets a subtask only at >= this share of the best node's rate
     "SCHEDEXT_PATIENCE": 30.0,  # seconds a subtask waits for a good node before any eligible node will do
     "SCHEDEXT_ESTIMATE_STALE": 600.0,  # seconds after which a (site, node) estimate is explored again
-    "SCHEDEXT_ESTIMATE_HALF_LIFE": 30.0,  # seconds; bandit: evidence of an unused pair weighs half after this
+    "SCHEDEXT_ESTIMATE_HALF_LIFE": 30.0,  # seconds; bandit: prior half-life of unused evidence (then learnt)
     "SCHEDEXT_EXPLORE_SHARE": 0.2,  # bandit: explorations allowed per assignment (the exploration budget)
     "SCHEDEXT_BANDIT_SEED": None,  # int; bandit's random draws (None: different every run)
     "SCHEDEXT_PAGE_LIMIT_MIN": 1,

@@ -64,8 +64,8 @@ def test_memory_estimates_match_the_finish_script(store: Store) -> None:
         lua = json.loads(store.redis.hget(k.est_site("a.com"), "n1"))
         py = mem.sites["a.com"]["n1"]
         assert py.sums is not None
-        assert (lua["n"], lua["pg"], lua["got"], lua["sec"], lua.get("cp", 0.0) > 0) == pytest.approx(
-            (py.sums.n, py.sums.pages, py.sums.got, py.sums.sec, py.sums.cp > 0)), f"after run {i}"
+        assert (lua["n"], lua["pg"], lua["got"], lua["sec"], lua["fl"], lua.get("cp", 0.0) > 0) == pytest.approx(
+            (py.sums.n, py.sums.pages, py.sums.got, py.sums.sec, py.sums.fl, py.sums.cp > 0)), f"after run {i}"
         assert (lua.get("c"), lua.get("spp"), lua["runs"]) == pytest.approx((py.c, py.spp, py.runs))
         group = json.loads(store.redis.hget(k.est_group_site("milk", "a.com"), "n1"))
         assert group["pg"] == pytest.approx(mem.groups[("milk", "a.com")]["n1"].sums.pages)  # type: ignore[union-attr]
@@ -74,9 +74,9 @@ def test_memory_estimates_match_the_finish_script(store: Store) -> None:
     # The control reads the same sums (EstimateCache, the bandit's EstimateSums protocol), and follows new runs.
     cache = EstimateCache(store)
     got = cache.site_sums("a.com")["n1"]
-    assert (got.n, got.pages, got.got, got.sec) == pytest.approx(
-        (mem.site_sums("a.com")["n1"].n, mem.site_sums("a.com")["n1"].pages, mem.site_sums("a.com")["n1"].got,
-         mem.site_sums("a.com")["n1"].sec))
+    mine = mem.site_sums("a.com")["n1"]
+    assert (got.n, got.pages, got.got, got.sec, got.fl) == pytest.approx(
+        (mine.n, mine.pages, mine.got, mine.sec, mine.fl)) and mine.fl > 0
     assert cache.group_sums("milk", "a.com")["n1"].pages == pytest.approx(mem.group_sums("milk", "a.com")["n1"].pages)
 
 

@@ -27,6 +27,7 @@ from scheduler_ext.strategies import (
     RecallDecision,
     load_strategy,
 )
+from scheduler_ext.strategies import bandit as bandit_module
 from scheduler_ext.strategies import modification as modification_module
 from scheduler_ext.strategies.allocation import DynamicAllocation, RoundRobinAllocation, SharedAllocation
 from scheduler_ext.strategies.bandit import BanditAllocation
@@ -634,7 +635,13 @@ class SumsEstimates(FakeEstimates):
         for pages, offered, collected, seconds, ok in runs:
             old = self.sums.setdefault(site, {}).get(nid)
             self.sums[site][nid] = update_sums(old, pages_done=pages, failed_pages=0 if ok else 1, offered=offered,
-                                               collected=collected, seconds=seconds, alpha=0.3, now=at)
+                                               collected=collected, seconds=seconds, alpha=0.3, now=at,
+                                               failed=not ok)
+        return self
+
+    def put(self, site: str, nid: str, sums: Sums) -> SumsEstimates:
+        """Set a pair's sums (a new mapping for the site, as the control's cache makes on change)."""
+        self.sums[site] = {**self.sums.get(site, {}), nid: sums}
         return self
 
     def site_sums(self, site: str) -> dict[str, Sums]:
@@ -724,6 +731,48 @@ def test_bandit_never_explores_with_a_subtask_that_failed_already() -> None:
     # With no candidate known to collect anything (n1 avoided), the recalled subtask explores rather than wait.
     avoiding = replace(st("s2"), attempt=1, avoid=["n1"])
     assert assigned(BanditAllocation().allocate([avoiding], [node("n1"), node("n2")], est, NOW)) == {"s2": "n2"}
+
+
+def test_bandit_sends_a_recalled_subtask_to_a_node_that_finishes_runs() -> None:
+    # n1 (good) failed the subtask: avoided. n2 collects fast but a captcha ends every run; n3 is slow and finishes.
+    blocked = [(2, 20, 19, 0.4, False)] * 6
+    slow = [(10, 100, 30, 2.0, True)] * 6
+    est = SumsEstimates().runs("a.com", "n1", GOOD, GOOD, GOOD).runs("a.com", "n2", *blocked).runs("a.com", "n3", *slow)
+    posts, _ = BanditAllocation().posteriors("g", "a.com", est, NOW)
+    assert posts["n2"].mean > 2 * posts["n3"].mean  # by rate alone, the blocked node
+    recalled = replace(st("s1"), attempt=1, avoid=["n1"])
+    nodes = [node("n1"), node("n2"), node("n3")]
+    assert assigned(BanditAllocation().allocate([recalled], nodes, est, NOW)) == {"s1": "n3"}
+
+
+def test_bandit_exploits_what_the_evidence_says_however_old() -> None:
+    # n2 was measured bad five minutes ago. Its evidence has faded (its draws may explore it again), but its
+    # expected rate is still the measured one: without exploration budget it never gets a subtask.
+    est = (SumsEstimates().runs("a.com", "n1", GOOD, GOOD, GOOD)
+           .runs("a.com", "n2", *[(10, 100, 10, 6.0, True)] * 6, at=NOW - 300))
+    for tick in range(50):
+        strategy = BanditAllocation(seed=tick)
+        strategy.credit = 0.0
+        assert strategy.allocate([st("s1")], [node("n1", 0), node("n2")], est, NOW) == []
+
+
+def test_bandit_doctests() -> None:  # the learnt half-life
+    result = doctest.testmod(bandit_module)
+    assert result.attempted >= 4 and result.failed == 0
+
+
+def test_bandit_learns_how_fast_evidence_fades_from_the_changes_it_sees() -> None:
+    # One pair runs every second for 100 s: first without change, then changing treatment every other run.
+    strategy = BanditAllocation(half_life=30.0)
+    sums = None
+    for t in range(1, 101):
+        good = t < 50 or t % 2
+        sums = update_sums(sums, pages_done=10, failed_pages=0, offered=100, collected=93 if good else 5,
+                           seconds=1.0, alpha=0.3, now=float(t))
+        strategy.allocate([st("s1")], [node("n1")], SumsEstimates().put("a.com", "n1", sums), float(t))
+        if t == 49:
+            assert strategy.changes == 0 and strategy.effective_half_life > 60  # stable: a longer memory
+    assert strategy.changes > 20 and strategy.effective_half_life < 10  # changing all the time: a short one
 
 
 def test_bandit_explores_within_its_budget() -> None:

@@ -12,8 +12,8 @@ finish: end a leased subtask: run record, aggregates, moving estimates, report. 
   KEYS[9]  nodeCountKey   count:node:<node> (stale_finish)
   KEYS[10] progressKey    progress
   KEYS[11] aggTriplesKey  agg:triples set
-  KEYS[12] estSiteKey     est:site:<site>, a field per node {c, spp, runs, last, n, pg, got, sec, cp}
-  KEYS[13] estGroupKey    est:gs:<product>|<site>, a field per node {spp, runs, last, n, pg, got, sec, cp}
+  KEYS[12] estSiteKey     est:site:<site>, a field per node {c, spp, runs, last, n, pg, got, sec, fl, cp}
+  KEYS[13] estGroupKey    est:gs:<product>|<site>, a field per node {spp, runs, last, n, pg, got, sec, fl, cp}
   KEYS[14] estDirtyKey    est:dirty: set of the estimates changed since the control last read them
   KEYS[15] estGroupsKey   est:groups: set of the "<product>|<site>" pairs that have an est:gs hash
 
@@ -71,7 +71,8 @@ end
 -- node, so that the control reads every node's figures for a site in one command.
 local function ewma(old, x) if old then return old + alpha * (x - old) end return x end
 -- The bandit's sums (scheduler_ext/strategies/posterior.py, update_sums, does the same): pages attempted (every
--- blocked, failed or cut page included), page-equivalents collected, seconds of every outcome, runs; older runs
+-- blocked, failed or cut page included), page-equivalents collected, seconds of every outcome, runs, failed runs;
+-- older runs
 -- weigh (1 - alpha) less with each new run.
 local keep = 1 - alpha
 local got = 0
@@ -79,6 +80,7 @@ if pages > 0 and offered > 0 then got = pages * math.min(1, collected / offered)
 elseif pages > 0 and collected > 0 then got = pages end
 local function sums(e)
   local n, pg, gt, sec = tonumber(e.n) or 0, tonumber(e.pg) or 0, tonumber(e.got) or 0, tonumber(e.sec) or 0
+  local fl = tonumber(e.fl) or 0
   local k = keep
   -- A change point (posterior.py, changed): the run is more than 3 binomial standard deviations off the pair's
   -- share over at least 3 pages attempted; the sums restart from this run.
@@ -95,6 +97,7 @@ local function sums(e)
   e.pg = k * pg + attempted
   e.got = k * gt + got
   e.sec = k * sec + math.max(0, seconds) + (ok and 0 or failCost)
+  e.fl = k * fl + (ok and 0 or 1)
 end
 local function estimate(key, withCompletion)
   local old = redis.call('HGET', key, node)

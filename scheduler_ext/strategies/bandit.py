@@ -30,13 +30,16 @@ Per tick, over the window of waiting subtasks the control passes (priority order
 5. Matching: explorations, then the exploit pairs as the dynamic allocation matches them (aged subtasks first,
    then the highest expected rate, then priority).
 
+A subtask that failed already (``attempt > 0``) is one failure closer to the dead-letter list, where its task stops:
+it is rated by its expected rate times the probability that a run of the pair finishes (:meth:`_retry_class`).
+
 Cost per tick: the paper's allocation's mechanism (:class:`~scheduler_ext.strategies.allocation.Rankings`, its
-classes and greedy): each (site, node type) ranks its nodes by expected rate once and keeps the ranking across ticks,
-re-rating only the nodes whose sums changed (the sums mapping of a site is replaced on change: copy on write), and
-all of a site's nodes once every ``half_life / 10`` for the time discount, each site at a phase of its own so that
-the re-ratings spread over the ticks (:func:`_expiry`); subtasks that rank nodes alike share a class; at most
-``EXPLORE_SAMPLE`` draws per subtask. O(free slots + what changed) per tick, plus sites x nodes ratings every
-``half_life / 10`` spread over the ticks; no (subtask x node) product.
+classes and greedy): each (site, node type) ranks its nodes by expected rate once and keeps that ranking until the
+site's sums change (the sums mapping of a site is replaced on change: copy on write), then re-rates only the nodes
+whose sums changed. The exploiting rates are not discounted by time (:data:`EXPLOIT`), so nothing expires with the
+clock; subtasks that rank nodes alike share a class; at most ``EXPLORE_SAMPLE`` draws per subtask, and
+``2 x RETRY_SAMPLE`` nodes weighed per class of recalled subtasks. O(free slots + what changed) per tick; no
+(subtask x node) product.
 
 Settings: ``SCHEDEXT_RATE_FLOOR``, ``SCHEDEXT_PATIENCE``, ``SCHEDEXT_EXPLORE_SHARE``, ``SCHEDEXT_ESTIMATE_HALF_LIFE``,
 ``SCHEDEXT_RECALL_THRESHOLD`` (how long an exploration counts as in flight), ``SCHEDEXT_BANDIT_SEED``.
@@ -48,7 +51,6 @@ import functools
 import math
 import operator
 import random
-import zlib
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -60,6 +62,13 @@ from .posterior import Posterior, Sums, draw_rate, expected_rate, expected_rates
 
 #: Free candidates drawn per subtask for exploration: bounds the cost of a tick whatever the cluster's size.
 EXPLORE_SAMPLE = 8
+#: The half-life the exploiting rates are computed with: none (0: no discount). The time discount widens a
+#: pair's posterior so that its draws can beat the best again (exploration); it must not move the pair's *mean*
+#: towards the optimistic prior, or a pair measured bad minutes ago would be exploited again, without budget and
+#: by recalled subtasks too (on the benchmarks' captcha family, the blocked nodes came back every minute or two).
+EXPLOIT = 0.0
+#: Free candidates a recalled subtask's class weighs (the best-rated first): bounds its cost at any scale.
+RETRY_SAMPLE = 16
 
 
 def site_sums(estimates: Estimates, site: str, nodes: Sequence[str] = ()) -> Mapping[str, Sums]:
@@ -89,27 +98,15 @@ def group_sums(estimates: Estimates, group: str, site: str) -> Mapping[str, Sums
     return get(group, site) if get is not None else {}
 
 
-def _expiry(site: str, now: float, period: float) -> float:
-    """When a ranking of ``site`` rated at ``now`` expires: at the next multiple of ``period`` after ``now``,
-    shifted by a phase fixed per site, so that each site is re-rated once a period and the sites' re-ratings are
-    spread over the period rather than all in one tick.
-
-    >>> _expiry("a.com", 100.0, 3.0) - 100.0 <= 3.0, _expiry("a.com", 100.0, math.inf)
-    (True, inf)
-    """
-    if not 0 < period < math.inf:
-        return now + period
-    phase = period * (zlib.crc32(site.encode("utf-8", "surrogateescape")) & 0xFFFF) / 0x10000
-    return phase + (math.floor((now - phase) / period) + 1) * period
-
-
 class BanditAllocation(Allocation):
     def __init__(self, *, rate_floor: float = 0.6, patience: float = 30.0, explore_share: float = 0.2,
                  half_life: float = 30.0, explore_timeout: float = 60.0, seed: int | None = 0) -> None:
         self.rate_floor = rate_floor
         self.patience = patience
         self.explore_share = explore_share
-        self.half_life = half_life
+        self.half_life = half_life  # the prior's: the effective one is learnt (:attr:`effective_half_life`)
+        self.changes = 0  # changes of treatment seen (a pair's ``cp`` moved), between consecutive runs of a pair
+        self.exposure = 0.0  # pair-seconds between consecutive runs of a pair (where those changes could happen)
         self.explore_timeout = explore_timeout
         self.rng = random.Random(seed)
         self.credit: float | None = None  # exploration budget, in runs; starts at one per node
@@ -149,7 +146,8 @@ class BanditAllocation(Allocation):
         refined = dict(posts)
         for nid, pace in per_group.items():
             if nid in sums:
-                refined[nid] = Posterior.of(sums[nid], now=now, half_life=self.half_life, theta0=theta0, rho0=rho0,
+                refined[nid] = Posterior.of(sums[nid], now=now, half_life=self.effective_half_life, theta0=theta0,
+                                            rho0=rho0,
                                             pace=pace)
         return refined, prior
 
@@ -173,36 +171,66 @@ class BanditAllocation(Allocation):
         if hit is not None and hit[0] is sums and hit[1] == theta0 and hit[2] == rho0 \
                 and now - hit[3] < self.half_life / 10:
             return hit[4]
-        post = Posterior.of(sums, now=now, half_life=self.half_life, theta0=theta0, rho0=rho0)
+        post = Posterior.of(sums, now=now, half_life=self.effective_half_life, theta0=theta0, rho0=rho0)
         self._cache[id(sums)] = (sums, theta0, rho0, now, post)
         return post
+
+    @property
+    def effective_half_life(self) -> float:
+        """The half-life of unused evidence, learnt from how often pairs are seen to change.
+
+        Evidence should fade at the rate the world changes: a pair not run for ``age`` seconds has kept its
+        treatment with probability ``exp(-h age)``, for a hazard ``h`` of changes per pair-second. ``h`` is
+        estimated from the runs themselves: the changes of treatment seen (a run that is a change point of its
+        pair, :func:`~scheduler_ext.strategies.posterior.changed` with a shift) over the pair-seconds between
+        consecutive runs of a pair, where they happened; with a Gamma prior of one change per ``half_life /
+        ln 2`` pair-seconds (the setting: what is believed before any evidence). Posterior mean
+        ``h = (1 + changes) / (half_life / ln 2 + exposure)``, half-life ``ln 2 / h``. A cluster whose sites never
+        change stops re-exploring pairs it measured (each re-exploration costs a subtask on a pair likely bad);
+        one whose sites drift keeps a short memory.
+
+        >>> b = BanditAllocation(half_life=30.0)
+        >>> round(b.effective_half_life, 6)  # no evidence yet: the setting
+        30.0
+        >>> b.exposure, b.changes = 10_000.0, 0  # 10,000 pair-seconds between runs and no change seen
+        >>> round(b.effective_half_life)
+        6961
+        >>> b.changes = 20  # 20 changes in them: a sixth of that
+        >>> round(b.effective_half_life)
+        331
+        """
+        prior = self.half_life / math.log(2)
+        return math.log(2) * (prior + self.exposure) / (1.0 + self.changes)
 
     def _ranking(self, site: str, sums: Mapping[str, Sums], now: float, typed: _Typed,
                  previous: _Ranking | None) -> _Ranking:
         """The site's nodes of one type ranked by expected rate (the ranking's ``c``; seconds per page 1), with
-        the site's sums and prior as its ``data``; rated at one time and kept for at most ``half_life / 10``
-        (meanwhile the time discount moves the evidence's weight by at most 7 %: 2 ** -0.1).
+        the site's sums and prior as its ``data``. The exploiting rate is what the evidence says, not discounted by
+        its age (:data:`EXPLOIT`), so a ranking changes only with the sums: it is kept until they do.
 
-        From ``previous`` (the same nodes, older sums), still valid: if the prior did not move, only the nodes
-        whose sums changed are rated again (at ``previous``'s time, whose validity the ranking keeps). Past its
-        validity, every node is rated again at ``now`` (the prior too, unless the sums are the same); the sites'
-        rankings expire at a phase of their own (:func:`_expiry`), so that no tick re-rates them all."""
+        From ``previous`` (the same nodes, older sums): if the prior did not move, only the nodes whose sums
+        changed are rated again; else every node."""
         if previous is not None and previous.data[0] is sums:
-            theta0, rho0 = previous.data[1:3]  # the prior depends on the sums only, not on the time
+            theta0, rho0 = previous.data[1:3]
         else:
             theta0, rho0 = self._prior(sums)
         index = typed.index
-        if previous is not None and now <= previous.valid_until and previous.data[1:3] == (theta0, rho0):
-            old, valid_until, at = previous.data[0], previous.valid_until, previous.data[3]
-            c = {nid: r for nid, r in previous.c.items() if nid in sums}
+        if previous is not None:
+            old = previous.data[0]
             changed = {nid: new for nid, new in sums.items() if old.get(nid) is not new and nid in index}
-            c.update(expected_rates(changed, now=at, half_life=self.half_life, theta0=theta0, rho0=rho0))
+            for nid, new in changed.items():  # the evidence of how often pairs change (effective_half_life)
+                was = old.get(nid)
+                if was is not None and new.t > was.t:
+                    self.exposure += new.t - was.t
+                    self.changes += new.cp > was.cp
+        if previous is not None and previous.data[1:3] == (theta0, rho0):
+            c = {nid: r for nid, r in previous.c.items() if nid in sums}
+            c.update(expected_rates(changed, now=now, half_life=EXPLOIT, theta0=theta0, rho0=rho0))
         else:
-            at, valid_until = now, _expiry(site, now, self.half_life / 10)
             c = expected_rates({nid: s for nid, s in sums.items() if nid in index}, now=now,
-                               half_life=self.half_life, theta0=theta0, rho0=rho0)
-        return _Ranking(typed, c, dict.fromkeys(c, 1.0), [], valid_until,
-                        (sums, theta0, rho0, at, Posterior.prior(theta0, rho0)))
+                               half_life=EXPLOIT, theta0=theta0, rho0=rho0)
+        return _Ranking(typed, c, dict.fromkeys(c, 1.0), [], math.inf,
+                        (sums, theta0, rho0, now, Posterior.prior(theta0, rho0)))
 
     def allocate(self, subtasks: Sequence[Subtask], nodes: Sequence[NodeView], estimates: Estimates,
                  now: float) -> list[tuple[Subtask, str]]:
@@ -239,7 +267,7 @@ class BanditAllocation(Allocation):
                 site = sites[(st.site, st.type)] = _Site(st.site, ranking, free)
             avoided = site.ranking.ids.intersection(st.avoid)
             excluded = avoided if avoided != site.ranking.ids else set()  # none else alive: the avoided will do
-            cls = self._class(site, st.group, excluded, estimates, now, classes)  # found in classes if made already
+            cls = self._class(site, st.group, excluded, estimates, now, classes, st.attempt > 0)  # found if made
             window.append((order, st, cls))
             if cls.known:
                 cls.queues[now - st.since < self.patience].append((order, st))
@@ -266,6 +294,7 @@ class BanditAllocation(Allocation):
 
         explore: list[tuple[float, int, bool, Subtask, str]] = []
         exploring = self._exploring
+        half_life = self.effective_half_life
         changes = self._changes
 
         def site_change(sums: Mapping[str, Sums]) -> float:
@@ -302,7 +331,7 @@ class BanditAllocation(Allocation):
                 if s is not None and s.t < site_change(sums):
                     s = None  # tried before the site changed how it treats some node: as good as untried
                 draw = prior.sample(self.rng) if s is None else draw_rate(
-                    self.rng, s, now=now, half_life=self.half_life, theta0=theta0, rho0=rho0, pace=cls.posts.get(nid))
+                    self.rng, s, now=now, half_life=half_life, theta0=theta0, rho0=rho0, pace=cls.posts.get(nid))
                 if draw <= self.rate_floor * best:
                     continue
                 if draw <= best and busy(nid, self.rate_floor * best):
@@ -311,25 +340,65 @@ class BanditAllocation(Allocation):
         return self._match(explore, classes.values(), free, now, len(nodes))
 
     def _class(self, site: _Site, group: str, excluded: set[str], estimates: Estimates, now: float,
-               classes: dict[tuple[Any, ...], _Class]) -> _Class:
+               classes: dict[tuple[Any, ...], _Class], retry: bool = False) -> _Class:
         """The class of ``group``'s subtasks on the site excluding ``excluded``: a node that ran this product
-        there is rated with the pace of those runs (a refined posterior), every other from the site's ranking."""
+        there is rated with the pace of those runs (a refined posterior), every other from the site's ranking.
+        ``retry``: the class of subtasks that failed already (:meth:`_retry_class`)."""
         sums, theta0, rho0, _, _ = site.ranking.data
         per_group = group_sums(estimates, group, site.site) if sums else {}
-        if not per_group:  # most products: the site's class
+        paces = {nid: pace for nid, pace in per_group.items() if nid in site.ranking.c and nid not in excluded}
+        rates = {nid: expected_rate(sums[nid], now=now, half_life=EXPLOIT, theta0=theta0, rho0=rho0,
+                                    pace=pace) for nid, pace in paces.items()}
+        if retry:
+            return self._retry_class(site, excluded, rates, classes)
+        if not rates:  # most products: the site's class
             ck: tuple[Any, ...] = (id(site), frozenset(excluded) if excluded else NOBODY)
             cls = classes.get(ck)
             if cls is None:
                 cls = classes[ck] = _Class(site, excluded, {}, math.inf, self.rate_floor)
             return cls
-        paces = {nid: pace for nid, pace in per_group.items() if nid in site.ranking.c and nid not in excluded}
-        rates = {nid: expected_rate(sums[nid], now=now, half_life=self.half_life, theta0=theta0, rho0=rho0,
-                                    pace=pace) for nid, pace in paces.items()}
         ck = (id(site), frozenset(excluded), *sorted(rates.items()))
         cls = classes.get(ck)
         if cls is None:
             cls = classes[ck] = _Class(site, excluded | rates.keys(), rates, math.inf, self.rate_floor)
             cls.posts = paces
+        return cls
+
+    def _retry_class(self, site: _Site, excluded: set[str], rates: dict[str, float],
+                     classes: dict[tuple[Any, ...], _Class]) -> _Class:
+        """The class of subtasks that failed already: each recall counts towards ``SCHEDEXT_RECALL_MAX``, after
+        which the subtask is dead-lettered and its task stops with every result it has left. So such a subtask
+        is worth to a node only the results of the runs that *finish*: its expected rate times the posterior
+        probability that a run of the pair does not fail, ``1 - (fl + 1/2) / (n + 1)`` (failed runs over runs,
+        Jeffreys' prior). A node whose pages are mostly blocked collects fast while it lasts, and almost never
+        finishes a run: it ranks last, where by rate alone it ranked above a slow node that does finish.
+        The :data:`RETRY_SAMPLE` best-rated candidates (busy ones included: late binding) and as many best-rated
+        free ones are weighed; the floor and patience apply to the products, as for any class."""
+        ck = ("retry", id(site), frozenset(excluded), *sorted(rates.items()))
+        cls = classes.get(ck)
+        if cls is None:
+            sums, c, free, ranking = site.ranking.data[0], site.ranking.c, site.free, site.ranking
+            fl = site.free_list(math.inf)
+            rows = fl.rows
+            finishing: dict[str, float] = {}
+
+            def weigh(nid: str) -> None:
+                s = sums[nid]
+                finishing[nid] = rates.get(nid, c[nid]) * (1.0 - (s.fl + 0.5) / (s.n + 1.0))
+
+            for _, _, nid in ranking.by_rate:  # the best, busy ones included (late binding, as for any class)
+                if len(finishing) >= RETRY_SAMPLE:
+                    break
+                if nid not in excluded:
+                    weigh(nid)
+            i, taken = fl.first(0, free), 0
+            while i < len(rows) and taken < RETRY_SAMPLE:  # and the best free ones
+                nid = rows[i][2]
+                if nid not in excluded:
+                    weigh(nid)
+                    taken += 1
+                i = fl.first(i + 1, free)
+            cls = classes[ck] = _Class(site, set(excluded), finishing, -math.inf, self.rate_floor)
         return cls
 
     def _match(self, explore: list[tuple[float, int, bool, Subtask, str]], classes: Iterable[_Class],

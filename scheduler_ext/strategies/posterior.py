@@ -64,8 +64,8 @@ class Sums:
     """The sufficient statistics of one pair, as the finish script keeps them (JSON fields in brackets).
 
     ``n`` [n] runs, ``pages`` [pg] pages attempted, ``got`` [got] page-equivalents collected, ``sec`` [sec]
-    seconds, all weighted (each run multiplies the old sums by ``1 - alpha``); ``t`` [last] the time of the last run;
-    ``cp`` [cp] the time of the last change point (:func:`changed`), 0 if none.
+    seconds, ``fl`` [fl] failed runs, all weighted (each run multiplies the old sums by ``1 - alpha``); ``t`` [last]
+    the time of the last run; ``cp`` [cp] the time of the last change point (:func:`changed`), 0 if none.
     """
 
     n: float = 0.0
@@ -74,6 +74,7 @@ class Sums:
     sec: float = 0.0
     t: float = 0.0
     cp: float = 0.0
+    fl: float = 0.0
 
     @classmethod
     def from_entry(cls, entry: dict[str, Any]) -> Sums | None:
@@ -82,7 +83,8 @@ class Sums:
             return None
         try:
             return cls(float(entry.get("n") or 0), float(entry["pg"]), float(entry.get("got") or 0),
-                       float(entry.get("sec") or 0), float(entry.get("last") or 0), float(entry.get("cp") or 0))
+                       float(entry.get("sec") or 0), float(entry.get("last") or 0), float(entry.get("cp") or 0),
+                       float(entry.get("fl") or 0))
         except (TypeError, ValueError):  # a hand-edited entry: no usable data rather than an exception in a tick
             return None
 
@@ -138,7 +140,7 @@ def update_sums(old: Sums | None, *, pages_done: int, failed_pages: int, offered
     keep = 0.0 if change else 1.0 - alpha
     return Sums(n=keep * o.n + 1.0, pages=keep * o.pages + attempted, got=keep * o.got + got,
                 sec=keep * o.sec + max(0.0, seconds) + (fail_cost if failed else 0.0), t=now,
-                cp=now if shift else o.cp)
+                cp=now if shift else o.cp, fl=keep * o.fl + (1.0 if failed else 0.0))
 
 
 @dataclass(frozen=True)
