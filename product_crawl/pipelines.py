@@ -1,9 +1,16 @@
 """MongoDB storage of collected items: pymongo through itemadapter, upserts by a unique key, batched off the reactor.
 
 Settings: ``MONGO_URI`` (default mongodb://127.0.0.1:27017), ``MONGO_DATABASE``, ``PC_MONGO_COLLECTION``,
-``PC_MONGO_BATCH_SIZE`` (items per bulk write), ``PC_MONGO_BATCH_DELAY`` (seconds an item may wait for its batch),
-``PC_MONGO_TIMEOUT`` (seconds before an unanswered write counts as failed), ``PC_MONGO_OUTAGE`` (seconds a batch
-is retried while MongoDB cannot be reached at all, before its items fail; 0 = no retry).
+``PC_MONGO_BATCH_SIZE`` (items per bulk write), ``PC_MONGO_BATCH_DELAY`` (seconds the first item of a batch waits
+for others while no write is in flight), ``PC_MONGO_TIMEOUT`` (seconds before an unanswered write counts as
+failed), ``PC_MONGO_OUTAGE`` (seconds a batch is retried while MongoDB cannot be reached at all, before its items
+fail; 0 = no retry).
+
+Writes are a group commit: one bulk write in flight at a time (a second only when a batch fills up meanwhile);
+the items that arrive while it is in flight form the next batch, written as soon as it is answered. So an item
+waits for at most ``PC_MONGO_BATCH_DELAY`` plus one write, on a quiet node as on a busy one, and a busy node
+writes large batches without a long fixed delay. A subtask finishes only when its items are stored, and the next
+subtask of its task exists only after that, so this wait is on every task's critical path (docs/node.md).
 
 Each item is upserted on ``_id = "<fingerprint>:<product>"``, ``fingerprint`` being the SHA-1 of the canonical URL:
 the same result crawled again (a recalled subtask, another node) updates ``last_crawled_at`` and is never stored
@@ -54,7 +61,7 @@ class StorageUnreachable(StorageError):
 
 class MongoPipeline:
     def __init__(self, uri: str, database: str, collection: str, batch_size: int = 100,
-                 batch_delay: float = 0.2, timeout: float = 10.0, outage: float = 60.0) -> None:
+                 batch_delay: float = 0.02, timeout: float = 10.0, outage: float = 60.0) -> None:
         self.uri, self.database_name, self.collection_name = uri, database, collection
         self.timeout, self.outage = timeout, outage
         self.batch_size, self.batch_delay = batch_size, batch_delay
@@ -63,6 +70,7 @@ class MongoPipeline:
         self._batch: list[tuple[dict[str, Any], dict[str, Any]]] = []
         self._waiters: list[defer.Deferred[None]] = []
         self._timer: Any = None
+        self._writing = 0  # bulk writes in flight
 
     @classmethod
     def from_crawler(cls, crawler: Any) -> MongoPipeline:
@@ -71,7 +79,7 @@ class MongoPipeline:
             raise NotConfigured("PC_MONGO_ENABLED is off")
         return cls(s.get("MONGO_URI") or DEFAULT_MONGO_URI, s.get("MONGO_DATABASE") or "product_crawl",
                    s.get("PC_MONGO_COLLECTION") or "items", s.getint("PC_MONGO_BATCH_SIZE", 100),
-                   s.getfloat("PC_MONGO_BATCH_DELAY", 0.2), s.getfloat("PC_MONGO_TIMEOUT", 10.0),
+                   s.getfloat("PC_MONGO_BATCH_DELAY", 0.02), s.getfloat("PC_MONGO_TIMEOUT", 10.0),
                    s.getfloat("PC_MONGO_OUTAGE", 60.0))
 
     async def open_spider(self) -> None:
@@ -104,7 +112,7 @@ class MongoPipeline:
         self._waiters.append(waiter)
         if len(self._batch) >= self.batch_size:
             self._flush()
-        elif self._timer is None:
+        elif self._timer is None and not self._writing:
             self._timer = reactor.callLater(self.batch_delay, self._flush)
         await deferred_to_future(waiter)
         return item
@@ -115,7 +123,17 @@ class MongoPipeline:
         self._timer = None
         batch, waiters = self._batch, self._waiters
         self._batch, self._waiters = [], []
-        return self._store(batch, waiters, time.monotonic(), 0.5)
+        self._writing += 1
+        done = self._store(batch, waiters, time.monotonic(), 0.5)
+        done.addBoth(self._written)
+        return done
+
+    def _written(self, result: Any) -> Any:
+        # The items that arrived while this write was in flight have waited for it already: write them now.
+        self._writing -= 1
+        if self._batch and not self._writing:
+            self._flush()
+        return result
 
     def _store(self, batch: list[tuple[dict[str, Any], dict[str, Any]]], waiters: list[defer.Deferred[None]],
                since: float, delay: float) -> defer.Deferred[None]:

@@ -127,6 +127,7 @@ class Config:
     control_enabled: bool = False
     control_id: str = ""
     tick_interval: float = 1.0
+    tick_wake: float = 0.1
     tick_batch: int = 500
     tick_alarm: int = 5
     leader_ttl: float = 10.0
@@ -207,6 +208,7 @@ class Config:
             control_enabled=_flag(s, "SCHEDEXT_CONTROL_ENABLED"),
             control_id=_text(s, "SCHEDEXT_CONTROL_ID") or host,
             tick_interval=_seconds(s, "SCHEDEXT_TICK_INTERVAL"),
+            tick_wake=_seconds(s, "SCHEDEXT_TICK_WAKE", zero_ok=True),
             tick_batch=_number(s, "SCHEDEXT_TICK_BATCH", int, low=1),
             tick_alarm=_number(s, "SCHEDEXT_TICK_ALARM", int, low=1),
             leader_ttl=_seconds(s, "SCHEDEXT_LEADER_TTL"),

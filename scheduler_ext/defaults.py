@@ -37,6 +37,7 @@ DEFAULTS: dict[str, Any] = {
     "SCHEDEXT_CONTROL_ID": None,  # str; default "<hostname>-<pid>"
     "SCHEDEXT_MIDDLEWARE_ENABLED": True,  # the subtask downloader and spider middlewares
     "SCHEDEXT_TICK_INTERVAL": 1.0,  # seconds between control ticks
+    "SCHEDEXT_TICK_WAKE": 0.1,  # seconds after a tick before a node's report may start the next one (0: no wake)
     "SCHEDEXT_TICK_BATCH": 500,  # reports / virtual tasks / recalls handled per step of one tick, at most
     "SCHEDEXT_TICK_ALARM": 5,  # failed ticks in a row after which the control says loudly that it is stuck
     "SCHEDEXT_MAX_ENTRY_BYTES": 1_000_000,  # bytes; a longer entry of an input list is dead-lettered unread

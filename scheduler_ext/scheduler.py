@@ -71,6 +71,7 @@ from .tracker import META_PAGE, META_SID, Active, Tracker, attach
 logger = logging.getLogger(__name__)
 
 META_SITE = "schedext_site"  # the politeness site of a request (its subtask's site, else its host)
+MAX_WAIT = 1.0  # seconds one blocking wait for work lasts at most: well under the Redis client's socket timeout
 
 
 @dataclass(frozen=True)
@@ -154,6 +155,7 @@ class SubtaskScheduler:
         backoffs = self._backoffs = {name: Backoff(min(1.0, refill_interval), backoff_max)
                                      for name in ("refill", "heartbeat", "finish", "politeness")}
         self._taking = False  # a take is on its way (worker thread)
+        self._waiting = False  # waiting for the crawl queue to get an entry (worker thread)
         self._sending: str | None = None  # the subtask whose finish is on its way (worker thread)
         self._refill = guarded("taking subtasks", self.refill, backoffs["refill"], settles=False)
         self._heartbeat = guarded("heartbeat", self.heartbeat, backoffs["heartbeat"])
@@ -341,7 +343,7 @@ class SubtaskScheduler:
         The take's round trip runs in a worker thread (the reactor goes on meanwhile), one at a time; a successful
         take asks for the next at once, so a node with room takes until it has none or the queue is empty.
         """
-        if self._closing or self._taking or not self._has_room():
+        if self._closing or self._taking or self._waiting or not self._has_room():
             return
         self._taking = True
         d = threads.deferToThread(self.store.take, self.node_id, self.lease_ttl, self.grace, self.take_batch)
@@ -352,6 +354,7 @@ class SubtaskScheduler:
         record_success("taking subtasks", self._backoffs["refill"])
         if taken is None:
             self._starved()
+            self._wait_for_work()
             return
         if self._closing:  # taken while the node was closing: straight back to waiting
             self._release_late(taken)
@@ -359,6 +362,27 @@ class SubtaskScheduler:
         self._taken += 1
         self._start(*taken)
         self._refill_soon.schedule()
+
+    def _wait_for_work(self) -> None:
+        """The crawl queue was empty: wait in a worker thread until the control queues an entry (at most
+        ``SCHEDEXT_REFILL_INTERVAL``, and 1 s), then take at once. Without it a node with room learns of new work
+        only at its next refill tick; a task's next subtask is made only after its previous one is finished, so
+        that wait was on every task's critical path. No take is tried meanwhile: the queue is known to be empty."""
+        if self._closing or self._waiting:
+            return
+        self._waiting = True
+        d = threads.deferToThread(self.store.wait_for_entry, self.store.keys.crawl(self.node_id),
+                                  min(self.refill_interval, MAX_WAIT))
+        d.addCallbacks(self._waited, self._wait_failed)
+
+    def _waited(self, _: bool) -> None:
+        self._waiting = False
+        self._refill_soon.schedule()
+
+    def _wait_failed(self, failure: Any) -> None:
+        # Redis away: the refill loop's own take reports it and backs off; waiting is only a shortcut.
+        self._waiting = False
+        logger.debug("waiting for work failed: %s", failure.getErrorMessage())
 
     def _take_failed(self, failure: Any) -> None:
         self._taking = False

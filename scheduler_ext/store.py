@@ -196,6 +196,15 @@ class Store:
             return None
         return res[0], res[1], float(res[2])
 
+    def wait_for_entry(self, key: str, timeout: float) -> bool:
+        """Block (in a worker thread, never on the reactor) until the list ``key`` has an entry, at most ``timeout``
+        seconds; True if it has one. The list is left as it was: ``BLMOVE key key RIGHT RIGHT`` pops its tail and
+        pushes it back at the tail in one atomic step, so a node waits on its crawl queue, or the control on
+        ``sleeping``, without taking anything (the take and the tick still consume entries through their scripts,
+        guarded). Redis counts a wait only in whole milliseconds; ``timeout`` must stay below the client's socket
+        timeout."""
+        return self.redis.blmove(key, key, max(0.001, round(timeout, 3)), "RIGHT", "RIGHT") is not None
+
     def heartbeat(self, node: str, info: dict[str, Any], lease_ttl: float,
                   leases: Iterable[tuple[str, str]]) -> list[str]:
         """Register ``node`` and renew its leases; returns the ids whose lease it lost."""

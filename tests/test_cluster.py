@@ -98,3 +98,19 @@ def test_poison_subtask_dead_letters_after_exactly_max_recalls_with_two_controls
     assert sum(int(cluster.redis.hget(keys.node_counters(n.id), "recalled") or 0) for n in NODES[:2]) == 3
     assert not cluster.redis.zcard(keys.waiting) and not cluster.redis.zcard(keys.leases)
     assert cluster.redis.get(keys.leader) in ("control-a", "control-b")
+
+
+def test_a_report_wakes_the_control_so_a_task_goes_on_long_before_the_next_tick(cluster: LocalCluster) -> None:
+    # Ticks every 30 s, first subtasks of 2 pages: every task needs a second subtask, which only a tick can make.
+    # Without waking, none would exist before the second tick, 30 s after the first; with it, the node's report
+    # starts a tick SCHEDEXT_TICK_WAKE (0.1 s) after the last one ended.
+    cluster.start_simweb(FAST_PROFILE)
+    cluster.start_node(NODES[0])
+    assert cluster.wait_for(lambda: cluster.redis.hexists(cluster.store.keys.nodes, "node1"), 60)
+    cluster.inject([{"name": n, "sites": ["good.example"]} for n in ("光明高钙牛奶", "蒙牛早餐奶")])
+    cluster.start_control(SCHEDEXT_TICK_INTERVAL=30, SCHEDEXT_PAGE_LIMIT=2)
+    assert cluster.wait_for(lambda: cluster.redis.xlen(cluster.store.keys.runs) > 0, 60, interval=0.05)
+    first = time.monotonic()
+    assert cluster.wait_for(lambda: all_done(cluster), 20, interval=0.1), cluster.status()["products"]
+    assert time.monotonic() - first < 20 and cluster.redis.xlen(cluster.store.keys.runs) >= 4
+    assert_no_duplicates(cluster)

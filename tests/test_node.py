@@ -187,6 +187,25 @@ def test_a_finished_subtask_frees_its_slot_and_the_next_is_taken_at_once(cluster
     assert cluster.items() == sum(r.collected for r in done) > 0
 
 
+def test_an_idle_node_takes_work_as_soon_as_it_is_queued_without_its_refill_timer(cluster: LocalCluster) -> None:
+    cluster.start_simweb(FAST_PROFILE)
+    # No refill timer to speak of: the node learns of each entry by waiting on its (empty) crawl queue. Without that
+    # wait only Scrapy's engine heartbeat (every 5 s) would make it look again: 7.5 s for three entries on average.
+    node = cluster.start_node(NodeSpec("node1", "127.0.0.2"), SCHEDEXT_REFILL_INTERVAL=3600, SCHEDEXT_IDLE_CLOSE=30)
+    assert cluster.wait_for(lambda: cluster.redis.hexists(cluster.store.keys.nodes, "node1"), 60)
+    delays = []
+    for i in range(3):
+        pushed = cluster.store.now()
+        push(cluster, "node1", subtask(f"w{i}", first_page=2 * i, pages=2).to_json())
+        assert cluster.wait_for(lambda n=i: cluster.redis.llen(cluster.store.keys.sleeping) > n, 30, interval=0.05)
+        report = Report.from_json(cluster.redis.lindex(cluster.store.keys.sleeping, 0))
+        assert report.subtask.id == f"w{i}" and report.outcome == "done"
+        delays.append(report.started - pushed)
+    assert sum(delays) < 4.5, delays  # each about the time of one take (0.1 s quiet); never Scrapy's 5 s heartbeat
+    assert cluster.stop_process("node1") == 0 and node.poll() is not None
+    assert cluster.items() > 0
+
+
 def test_node_survives_a_redis_restart_and_sends_the_finish_it_could_not(cluster: LocalCluster, tmp_path: Any
                                                                          ) -> None:
     from product_crawl import services

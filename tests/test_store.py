@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import pickle
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
@@ -111,6 +112,23 @@ def test_take_on_an_empty_queue(store: Store) -> None:
     queue(store, "n2", sub())
     assert store.take("n1", 30.0, 10.0) is None  # another node's queue is not ours
     assert store.redis.zcard(store.keys.leases) == 0
+
+
+def test_wait_for_entry_returns_when_an_entry_arrives_and_leaves_the_list_as_it_was(store: Store) -> None:
+    key = store.keys.crawl("n1")
+    assert store.wait_for_entry(key, 0.05) is False  # empty: waits out the timeout
+    queue(store, "n1", sub("s1"), sub("s2"))
+    before = store.redis.lrange(key, 0, -1)
+    assert store.wait_for_entry(key, 0.05) is True
+    assert store.redis.lrange(key, 0, -1) == before  # the rotation onto itself takes nothing, in the same order
+    assert store.take("n1", 30.0, 10.0) is not None and Subtask.from_json(store.take("n1", 30.0, 10.0)[0]).id == "s2"
+
+    # A waiter blocked on the empty queue (as the node waits, in a worker thread) returns once the control pushes.
+    with ThreadPoolExecutor(1) as pool:
+        waiting = pool.submit(store.wait_for_entry, key, 30.0)
+        queue(store, "n1", sub("s3"))
+        assert waiting.result(timeout=10) is True
+    assert [Subtask.from_json(e).id for e in store.redis.lrange(key, 0, -1)] == ["s3"]
 
 
 def test_take_moves_malformed_entries_to_failed_and_takes_the_next_valid(store: Store) -> None:
