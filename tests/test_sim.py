@@ -148,8 +148,8 @@ def test_no_simulated_schedule_beats_the_bound(family: str) -> None:
 
 # --- the simulator ---------------------------------------------------------------------------------------------------
 
-def _run(name: str, family: str, seed: int, duration: float = 120) -> dict:
-    world = generate(family, nodes=6, sites=5, duration=duration, seed=seed)
+def _run(name: str, family: str, seed: int, duration: float = 120, nodes: int = 6, sites: int = 5) -> dict:
+    world = generate(family, nodes=nodes, sites=sites, duration=duration, seed=seed)
     allocation, modification, recall = CONFIGS[name](seed)
     return Simulation(world, world.nodes, _tasks(world.sites, 4, seed), allocation=allocation,
                       modification=modification, recall=recall, duration=duration, seed=seed).run()
@@ -250,29 +250,36 @@ def test_families_generate_valid_worlds(family: str) -> None:
         generate("nope", nodes=1, sites=1, duration=1, seed=0)
 
 
+#: The worlds of test_bandit_beats_the_paper_and_fifo_where_the_paper_loses: bench_quality.py's clusters (12 nodes,
+#: 8 sites, 4 products), shorter (120 s), 3 seeds. In the tests' smaller worlds (6 nodes, 5 sites) the two
+#: strategies are level on drift: too few pairs for what the bandit learns to pay.
+BEATS = {"nodes": 12, "sites": 8, "duration": 120}
+
+
 def test_bandit_beats_the_paper_and_fifo_where_the_paper_loses() -> None:
-    """Unlucky first runs: the bandit collects more than the paper's strategy (one failed run writes a pair off for
-    the paper). Drift: it uses a pair that turned good sooner (median delay) but, in items, is level with the
-    paper in these small worlds, not ahead (0.86 to 1.06 of it over 8 seeds; docs/experiment.md), as on
-    captcha-heavy nodes. Every family: both above a FIFO queue. A few seeds each (the benchmark runs more)."""
-    for family in ("drift", "unlucky", "captcha"):
-        runs = {name: [_run(name, family, seed) for seed in range(3)] for name in ("bandit", "paper", "fifo")}
-        items = {name: sum(r["samples"][-1]["items"] for r in rs) for name, rs in runs.items()}
+    """Drift, unlucky first runs and captcha-heavy nodes: the bandit collects more than the paper's strategy over
+    3 worlds (deterministic seeds; measured 1.03, 1.47 and 1.11 of it; the benchmark's 5 worlds of 300 s:
+    docs/experiment.md), no world far below it, and it uses a pair that turned good sooner under drift. Every
+    family: both above a FIFO queue."""
+    for family, margin in (("drift", 1.02), ("unlucky", 1.2), ("captcha", 1.05)):
+        runs = {name: [_run(name, family, seed, **BEATS) for seed in range(3)] for name in ("bandit", "paper", "fifo")}
+        per_seed = {name: [r["samples"][-1]["items"] for r in rs] for name, rs in runs.items()}
+        items = {name: sum(v) for name, v in per_seed.items()}
         assert items["paper"] > items["fifo"] and items["bandit"] > items["fifo"], (family, items)
-        if family == "unlucky":
-            assert items["bandit"] > items["paper"], (family, items)
-        else:
-            assert items["bandit"] > 0.85 * items["paper"], (family, items)
+        assert items["bandit"] > margin * items["paper"], (family, items)
+        assert all(b > 0.95 * p for b, p in zip(per_seed["bandit"], per_seed["paper"], strict=True)), per_seed
         if family == "drift":
             delays = {name: statistics.median(_delays_to_use(rs, family)) for name, rs in runs.items()}
             assert delays["bandit"] < delays["paper"], delays
 
 
-def _delays_to_use(runs: list[dict], family: str, duration: float = 120) -> list[float]:
+def _delays_to_use(runs: list[dict], family: str) -> list[float]:
     """Seconds from each pair turning good to its first run (the run's end if never), over seeds 0, 1, ..."""
     out = []
+    duration = BEATS["duration"]
     for seed, raw in enumerate(runs):
-        for node, site, when in generate(family, nodes=6, sites=5, duration=duration, seed=seed).turned_good():
+        world = generate(family, nodes=BEATS["nodes"], sites=BEATS["sites"], duration=duration, seed=seed)
+        for node, site, when in world.turned_good():
             starts = [t for t in raw["first_use"].get(f"{node}|{site}", []) if t >= when]
             out.append(starts[0] - when if starts else duration - when)
     return out

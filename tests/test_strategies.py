@@ -796,7 +796,7 @@ def test_bandit_explores_a_site_nobody_knows_without_budget() -> None:
 
 
 def test_posterior_discount_widens_unused_evidence() -> None:
-    s = update_sums(None, pages_done=10, failed_pages=0, offered=100, collected=20, seconds=1.0, alpha=0.3, now=0)
+    s = update_sums(None, pages_done=20, failed_pages=0, offered=200, collected=40, seconds=2.0, alpha=0.3, now=0)
     fresh = Posterior.of(s, now=0, half_life=60, theta0=0.9, rho0=10)
     old = Posterior.of(s, now=600, half_life=60, theta0=0.9, rho0=10)
     assert fresh.share < 0.3 < 0.8 < old.share  # ten half-lives later, back near the prior

@@ -18,7 +18,7 @@ Per tick, over the window of waiting subtasks the control passes (priority order
 1. Candidates: live nodes of the subtask's type, minus its ``avoid`` nodes unless no other is alive.
 2. Posterior of every candidate that has run on the site (busy ones included): served share from its runs on the
    site, pace from its runs for this product on the site when it has some. The prior of an untried pair is the
-   best share and the best pace seen on the site (optimism), with the weight of one page.
+   best share and the best pace seen on the site (optimism), with the weight of three pages (about a failed run).
 3. Exploit: a free candidate whose expected rate is at least ``SCHEDEXT_RATE_FLOOR`` of the best expected rate
    (late binding, as in the paper's strategy); after ``SCHEDEXT_PATIENCE`` seconds of waiting, any candidate.
 4. Explore: up to ``EXPLORE_SAMPLE`` free candidates are drawn; one whose Thompson draw beats the best expected rate
