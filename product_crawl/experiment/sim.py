@@ -154,8 +154,9 @@ def simulate_configuration(name: str, opts: Options, *, model: NodeModel | None 
                      address=n.address) for n in opts.nodes]
     sim = Simulation(profile_world(opts), nodes, task_specs(opts, totals), allocation=allocation,
                      modification=modification, recall=recall, duration=opts.duration, tick=config.tick_interval,
-                     page_limit=config.page_limit, time_limit=config.time_limit, alpha=config.estimate_alpha,
-                     recall_age=config.recall_age, model=model, sample_interval=opts.sample_interval,
+                     wake=config.tick_wake, page_limit=config.page_limit, time_limit=config.time_limit,
+                     alpha=config.estimate_alpha, recall_age=config.recall_age, model=model,
+                     sample_interval=opts.sample_interval,
                      seed=seed, pair_samples=len(nodes) * len(opts.sites) <= 10_000)
     started = time.monotonic()
     raw = sim.run()

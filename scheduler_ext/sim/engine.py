@@ -7,7 +7,8 @@ What is simulated, and how (docs/strategies.md, "The simulator", gives the calib
   them; the control's allocation only ever sees the window of the lowest priorities, so tasks are created lazily,
   just before they could enter that window (the result is the same as creating them all at once, without the
   memory).
-* **The control** is the real one's decision step: every ``tick`` seconds the simulator builds the
+* **The control** is the real one's decision step: every ``tick`` seconds, and ``wake`` seconds after the last tick
+  when a node reports (the leader waits on its reports between ticks: docs/control.md), the simulator builds the
   :class:`~scheduler_ext.control.Snapshot` the control would read (reports, failures, their tasks, the work of
   nodes that left once it is older than the recall age, the live nodes with their free slots, the window of
   waiting subtasks), calls :func:`scheduler_ext.control.decide` with the strategies, and applies the decisions'
@@ -15,7 +16,8 @@ What is simulated, and how (docs/strategies.md, "The simulator", gives the calib
   cluster; only reading and applying are the simulator's.
 * **A node** (the real node's ``Pace``, docs/node.md) holds up to ``requests`` subtasks at once and takes the next
   subtask of its crawl queue whenever it has room: fewer than ``concurrency`` of its pages wait to start (at once
-  after a finish or when a page starts, else at its next refill poll). The pages of all its subtasks share its
+  after a finish or when a page starts, and as an entry reaches its crawl queue: an idle node waits on it). The
+  pages of all its subtasks share its
   ``concurrency`` page slots, first taken first served, and its CPU (``page_cpu`` per page served, ``item_cpu`` per
   item stored: a page starts no sooner than the CPU has finished the pages before it). Each page waits its latency,
   then is an HTTP error, a captcha or a page that serves each of its results with probability ``share``. The first
@@ -82,7 +84,7 @@ class NodeModel:
     # the web, MongoDB and the control (fitted to a real run: docs/strategies.md; alone, a node needs 0.007 s)
     page_cpu: float = 0.035
     item_cpu: float = 0.002  # node seconds per item stored
-    refill_interval: float = 0.5  # seconds between an idle node's polls of its crawl queue
+    refill_interval: float = 0.5  # seconds between a busy node's growths of its adaptive prefetch
 
 
 @dataclass
@@ -105,13 +107,15 @@ class Simulation:
 
     def __init__(self, world: World, nodes: Sequence[SimNode], tasks: Iterable[TaskSpec], *,
                  allocation: Allocation, modification: Modification, recall: Recall, duration: float,
-                 tick: float = 0.5, page_limit: int = 5, time_limit: float = 30.0,
+                 tick: float = 0.5, wake: float = 0.1, page_limit: int = 5, time_limit: float = 30.0,
                  alpha: float = 0.3, recall_age: float | None = None, model: NodeModel | None = None,
                  sample_interval: float = 3.0, seed: int = 0, pair_samples: bool = True,
                  on_sample: Callable[[dict[str, Any]], None] | None = None) -> None:
         self.world, self.nodes = world, {n.id: n for n in nodes}
         self.allocation, self.modification, self.recall = allocation, modification, recall
-        self.duration, self.tick = duration, tick
+        self.duration, self.tick, self.wake = duration, tick, wake
+        self._ticked = -math.inf  # when the last tick ran
+        self._woken = False  # a tick woken by a report is due
         self.page_limit, self.time_limit = page_limit, time_limit
         self.recall_age = recall.threshold if recall_age is None else recall_age
         self.strategies = Strategies(allocation, modification, recall, page_limit=page_limit, time_limit=time_limit,
@@ -201,6 +205,9 @@ class Simulation:
             elif kind == "tick":
                 self._tick()
                 self._at(t + self.tick, "tick")
+            elif kind == "wake":
+                self._woken = False
+                self._tick()
             elif kind == "poll":
                 self.polling.discard(payload)
                 self._take(payload)
@@ -242,6 +249,7 @@ class Simulation:
     # --- the control ----------------------------------------------------------------------------------------------
     def _tick(self) -> None:
         """One control tick: the snapshot the control would read, its own :func:`decide`, the writes applied."""
+        self._ticked = self.now
         self._adapt_prefetch()
         nodes = self.live_nodes()
         total_free = sum(n.free for n in nodes)
@@ -360,7 +368,7 @@ class Simulation:
 
     def _queue(self, nid: str, st: Subtask) -> None:
         self.queues[nid].append(st)
-        self._poll(nid, self.now + self.rng.uniform(0, self.model.refill_interval))
+        self._poll(nid, self.now)  # a node with room waits on its crawl queue and takes the entry as it arrives
 
     def _poll(self, nid: str, at: float) -> None:
         if nid not in self.polling:
@@ -502,6 +510,9 @@ class Simulation:
                               collected=report.collected, pages=report.pages, seconds=report.seconds, ok=report.ok,
                               now=self.now, attempted=report.charged)
         (self.reports if report.ok else self.failures).append(report)
+        if report.ok and self.wake > 0 and not self._woken:  # the leader waits on its reports between ticks
+            self._woken = True
+            self._at(max(self.now, self._ticked + self.wake), "wake")
         self._take(nid)
 
     def _leave(self, nid: str) -> None:
