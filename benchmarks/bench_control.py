@@ -64,7 +64,7 @@ from scheduler_ext.store import Store  # noqa: E402
 from scheduler_ext.strategies import Allocation  # noqa: E402
 from scheduler_ext.strategies.allocation import DynamicAllocation  # noqa: E402
 from scheduler_ext.strategies.bandit import BanditAllocation  # noqa: E402
-from scheduler_ext.strategies.modification import DynamicModification  # noqa: E402
+from scheduler_ext.strategies.modification import RelativeModification  # noqa: E402
 from scheduler_ext.strategies.recall import DynamicRecall  # noqa: E402
 
 SIZES = ((200, 100_000), (1_000, 1_000_000))  # (nodes, waiting subtasks)
@@ -190,7 +190,7 @@ def register_nodes(store: Store, count: int, site_list: list[tuple[str, int]]) -
 
 
 def make_control(store: Store, allocation: Allocation) -> Control:
-    return Control(store, splitter=None, allocation=allocation, modification=DynamicModification(),
+    return Control(store, splitter=None, allocation=allocation, modification=RelativeModification(),
                    recall=DynamicRecall(), control_id="bench-control")
 
 

@@ -44,7 +44,7 @@ DEFAULTS: dict[str, Any] = {
     "SCHEDEXT_LEADER_TTL": 10.0,  # seconds a control's leader lease lasts unless renewed
     "SCHEDEXT_SPLITTER": None,  # dotted path: callable(raw_json: str) -> list[dict] (task specs)
     "SCHEDEXT_ALLOCATION": "scheduler_ext.strategies.bandit.BanditAllocation",
-    "SCHEDEXT_MODIFICATION": "scheduler_ext.strategies.modification.DynamicModification",
+    "SCHEDEXT_MODIFICATION": "scheduler_ext.strategies.modification.RelativeModification",
     "SCHEDEXT_RECALL": "scheduler_ext.strategies.recall.DynamicRecall",
     # --- recall (the paper: 1 minute, 5 recalls, then manual handling) -----------------------------------
     "SCHEDEXT_RECALL_THRESHOLD": 60.0,  # seconds; the recall age under its historical name

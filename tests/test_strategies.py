@@ -19,6 +19,7 @@ from scrapy.utils.test import get_crawler
 
 from scheduler_ext.exceptions import ConfigurationError
 from scheduler_ext.models import Report, Subtask
+from scheduler_ext.sim.estimates import MemoryEstimates
 from scheduler_ext.strategies import (
     Allocation,
     Estimate,
@@ -30,7 +31,7 @@ from scheduler_ext.strategies import bandit as bandit_module
 from scheduler_ext.strategies import modification as modification_module
 from scheduler_ext.strategies.allocation import DynamicAllocation, RoundRobinAllocation, SharedAllocation
 from scheduler_ext.strategies.bandit import BanditAllocation
-from scheduler_ext.strategies.modification import DynamicModification, FixedModification
+from scheduler_ext.strategies.modification import DynamicModification, FixedModification, RelativeModification
 from scheduler_ext.strategies.posterior import Posterior, Sums, update_sums
 from scheduler_ext.strategies.recall import DynamicRecall, NoRecall
 
@@ -460,6 +461,27 @@ def test_next_limits_prefers_the_estimates_of_the_node_that_ran_it() -> None:
     assert DynamicModification().next_limits(_report(), est) == (3, 24.0)
 
 
+def test_relative_modification_shrinks_only_where_a_node_does_better() -> None:
+    est = MemoryEstimates()
+    for node in ("n1", "n2"):  # every node known on a.com is served 30 % of its results
+        est.finish(site="a.com", group="g", node=node, offered=100, collected=30, pages=10, seconds=2.0, ok=True,
+                   now=NOW)
+    est.finish(site="b.com", group="g", node="n3", offered=100, collected=95, pages=10, seconds=2.0, ok=True, now=NOW)
+    est.read()  # a control tick reads the estimates
+    report = _report(collected=3)
+    paper, relative = DynamicModification(), RelativeModification()
+    assert paper.next_limits(report, est)[0] == 3  # round(2 x 0.3 x 5)
+    assert relative.next_limits(report, est)[0] == 10  # nobody does better on a.com: the full 2 x P0
+    # A node that is served 90 % of a.com appears: the task should come back sooner, as in the paper's rule.
+    est.finish(site="a.com", group="g", node="n3", offered=100, collected=90, pages=10, seconds=2.0, ok=True, now=NOW)
+    est.read()
+    assert relative.next_limits(report, est)[0] == 3  # round(2 x 0.3 / 0.9 x 5)
+    assert relative.next_limits(_report(node="n3"), est)[0] == 10
+    # Estimates without sums: the paper's rule.
+    assert relative.next_limits(report, FakeEstimates().set("a.com", "n1", 0.3, 0.2)) == \
+        paper.next_limits(report, FakeEstimates().set("a.com", "n1", 0.3, 0.2))
+
+
 def test_fixed_modification_is_constant() -> None:
     mod = FixedModification(page_limit=7, time_limit=12.5)
     est = FakeEstimates().set("a.com", "n1", 0.1, 9.0)
@@ -551,7 +573,7 @@ def test_load_strategy_builds_defaults_and_reads_settings() -> None:
     recall = load_strategy(crawler, "SCHEDEXT_RECALL")
     assert isinstance(recall, DynamicRecall) and (recall.threshold, recall.max_recalls) == (90.0, 3)
     mod = load_strategy(crawler, "SCHEDEXT_MODIFICATION")
-    assert isinstance(mod, DynamicModification) and mod.base_pages == 8 and mod.budget == 45.0
+    assert isinstance(mod, RelativeModification) and mod.base_pages == 8 and mod.budget == 45.0
     crawler = get_crawler(
         settings_dict={
             "SCHEDEXT_ALLOCATION": "scheduler_ext.strategies.allocation.SharedAllocation",

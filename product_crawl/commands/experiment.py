@@ -50,7 +50,7 @@ class Command(ScrapyCommand):
                                  "(default: 90)")
         parser.add_argument("--strategies", default=",".join(DEFAULT_CONFIGURATIONS), metavar="LIST",
                             help=f"comma-separated configurations from {', '.join(CONFIGURATIONS)} "
-                                 f"(default: {','.join(DEFAULT_CONFIGURATIONS)})")
+                                 f"(by default {','.join(DEFAULT_CONFIGURATIONS)})")
         parser.add_argument("--ablations", action="store_true",
                             help="also run dynamic with each strategy at its baseline (Figure 5)")
         parser.add_argument("--seed", type=int, default=0, help="simulated-web seed (default: 0)")

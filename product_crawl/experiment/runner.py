@@ -41,7 +41,8 @@ _BANDIT = "scheduler_ext.strategies.bandit."
 
 #: Configuration name -> (what it is, the strategy settings it sets on nodes and control).
 CONFIGURATIONS: dict[str, tuple[str, dict[str, str]]] = {
-    "dynamic": ("the paper's scheduling: dynamic allocation, modification and recall (the defaults)", {}),
+    "dynamic": ("the defaults: bandit allocation, the paper's modification on completion relative to the site's "
+                "best, the paper's recall", {}),
     "shared": ("one shared FIFO queue, fixed subtask size, no recall (what scrapy-redis does)",
                {"SCHEDEXT_ALLOCATION": _ALLOC + "SharedAllocation",
                 "SCHEDEXT_MODIFICATION": _MOD + "FixedModification",
@@ -52,7 +53,7 @@ CONFIGURATIONS: dict[str, tuple[str, dict[str, str]]] = {
                      "SCHEDEXT_RECALL": _RECALL + "NoRecall"}),
     "oracle": ("dynamic scheduling with the true rates from the simulated web's profile (an upper bound)",
                {"SCHEDEXT_ALLOCATION": "product_crawl.oracle.OracleAllocation",
-                "SCHEDEXT_MODIFICATION": _MOD + "DynamicModification",
+                "SCHEDEXT_MODIFICATION": _MOD + "RelativeModification",
                 "SCHEDEXT_RECALL": _RECALL + "DynamicRecall"}),
     "scrapy_redis": ("scrapy-redis itself: RedisSpider nodes on its shared queue and dupefilter (JSON), each query's "
                      "next page queued as its page is parsed; no control", {}),
@@ -63,7 +64,8 @@ CONFIGURATIONS: dict[str, tuple[str, dict[str, str]]] = {
     "no_recall": ("dynamic with recall switched to its baseline (none)",
                   {"SCHEDEXT_RECALL": _RECALL + "NoRecall"}),
     "paper": ("the paper's dynamic allocation (moving averages, staleness timer), dynamic modification and recall",
-              {"SCHEDEXT_ALLOCATION": _ALLOC + "DynamicAllocation"}),
+              {"SCHEDEXT_ALLOCATION": _ALLOC + "DynamicAllocation",
+               "SCHEDEXT_MODIFICATION": _MOD + "DynamicModification"}),
     "bandit": ("bandit allocation (posteriors with uncertainty, Thompson exploration on a budget), the paper's "
                "modification and recall", {"SCHEDEXT_ALLOCATION": _BANDIT + "BanditAllocation"}),
 }

@@ -11,7 +11,7 @@ from typing import Any
 
 from ..strategies.allocation import DynamicAllocation, SharedAllocation
 from ..strategies.bandit import BanditAllocation
-from ..strategies.modification import DynamicModification, FixedModification
+from ..strategies.modification import DynamicModification, FixedModification, RelativeModification
 from ..strategies.recall import DynamicRecall, NoRecall
 
 RECALL_AGE = 20.0
@@ -26,7 +26,7 @@ def _paper(seed: int) -> tuple[Any, Any, Any]:
 
 def _bandit(seed: int) -> tuple[Any, Any, Any]:
     return (BanditAllocation(patience=PATIENCE, explore_timeout=RECALL_AGE, seed=seed),
-            DynamicModification(recall_threshold=RECALL_AGE), DynamicRecall(RECALL_AGE))
+            RelativeModification(recall_threshold=RECALL_AGE), DynamicRecall(RECALL_AGE))
 
 
 def _fifo(seed: int) -> tuple[Any, Any, Any]:

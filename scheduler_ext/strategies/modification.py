@@ -1,6 +1,6 @@
 """Modification strategies: the page limit and time limit of a task's next subtask.
 
-:class:`DynamicModification` (default), the paper's rule made explicit. With ``c`` the completion estimate of
+:class:`DynamicModification`, the paper's rule made explicit. With ``c`` the completion estimate of
 (site, node) and ``s`` the seconds-per-page estimate of (product, site, node) of the node that ran the last subtask
 (falling back to that run's own figures), ``P0`` = ``SCHEDEXT_PAGE_LIMIT``, ``k`` = ``SCHEDEXT_TIME_SAFETY`` and
 ``B`` = half the recall age (the longest a subtask should expect to run):
@@ -11,6 +11,13 @@
 
 The two are chosen together: the page count is cut first so that ``k * s * pages`` fits under ``B``, then the
 time limit follows from the same product, so a subtask's expected duration stays well under the recall threshold.
+
+:class:`RelativeModification` (default): the same rule with the completion taken relative to the best completion
+any node has on the site, ``c / max_n c(site, n)``. The paper shrinks a subtask on a node that collects little so that
+the task comes back sooner for a better node; where no node does better (every node is served a third of a site's
+results, say), shrinking only multiplies the per-subtask costs (the take, the report, the wait for a tick), so the
+node gets the full page count; where a better node exists, the page count shrinks with the node's share of its
+completion.
 
 :class:`FixedModification` (baseline): always ``SCHEDEXT_PAGE_LIMIT`` pages and ``SCHEDEXT_TIME_LIMIT`` seconds.
 """
@@ -79,4 +86,37 @@ class DynamicModification(Modification):
         s = estimates.seconds_per_page(st.group, st.site, report.node)
         completion = c.value if c is not None else (report.collected / report.offered if report.offered else None)
         spp = s.value if s is not None else (report.seconds / report.pages if report.pages else None)
-        return self.limits(completion, spp)
+        return self.limits(self._completion(completion, st.site, estimates), spp)
+
+    def _completion(self, completion: float | None, site: str, estimates: Estimates) -> float | None:
+        """The completion the page count follows: the node's own, in the paper's rule."""
+        return completion
+
+
+class RelativeModification(DynamicModification):
+    """The paper's rule on the node's completion relative to the best on the site (the module doc).
+
+    The best is read from the nodes with sums on the site (``site_sums``, the
+    :class:`~scheduler_ext.strategies.EstimateSums` protocol), once per version of the site's sums mapping (a new
+    mapping whenever a run changes it); estimates without sums give the paper's rule.
+    """
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._best: dict[str, tuple[Any, float]] = {}  # site -> (the sums mapping it was read from, best completion)
+
+    def _completion(self, completion: float | None, site: str, estimates: Estimates) -> float | None:
+        get = getattr(estimates, "site_sums", None)
+        if completion is None or get is None:
+            return completion
+        sums = get(site)
+        hit = self._best.get(site)
+        if hit is None or hit[0] is not sums:
+            best = 0.0
+            for node in sums:
+                e = estimates.completion(site, node)
+                if e is not None and e.value > best:
+                    best = e.value
+            hit = self._best[site] = (sums, best)
+        best = max(hit[1], completion)
+        return completion / best if best > 0 else completion
