@@ -251,24 +251,23 @@ def test_families_generate_valid_worlds(family: str) -> None:
 
 
 #: The worlds of test_bandit_beats_the_paper_and_fifo_where_the_paper_loses: bench_quality.py's clusters (12 nodes,
-#: 8 sites, 4 products), shorter (120 s), 3 seeds. In the tests' smaller worlds (6 nodes, 5 sites) the two
-#: strategies are level on drift: too few pairs for what the bandit learns to pay.
-BEATS = {"nodes": 12, "sites": 8, "duration": 120}
+#: 8 sites, 4 products), shorter (200 s), 3 seeds. In the tests' smaller worlds (6 nodes, 5 sites), or in 120 s,
+#: the two strategies are level on drift: too few pairs, or too little time, for what the bandit learns to pay.
+BEATS = {"nodes": 12, "sites": 8, "duration": 200}
 
 
 def test_bandit_beats_the_paper_and_fifo_where_the_paper_loses() -> None:
-    """Unlucky first runs: the bandit collects clearly more than the paper's strategy over 3 worlds (deterministic
-    seeds; measured 1.23 to 1.49 of it); drift and captcha-heavy nodes: about level with it in these 120 s
-    worlds (measured 0.91 and 0.93 over these 3 seeds, 0.95 and 0.98 over 8; 1.04 and 1.04 in the benchmark's 6
-    worlds of 300 s: docs/experiment.md), never far below, and under drift it uses a pair that turned good sooner.
-    Every family: both above a FIFO queue."""
-    for family, margin in (("drift", 0.88), ("unlucky", 1.2), ("captcha", 0.9)):
+    """Drift, unlucky first runs and captcha-heavy nodes: the bandit collects more than the paper's strategy over
+    3 worlds (deterministic seeds; measured 1.015, 1.17 and 1.10 of it; the benchmark's 5 worlds of 300 s:
+    docs/experiment.md), no world far below it, and it uses a pair that turned good sooner under drift. Every
+    family: both above a FIFO queue."""
+    for family, margin in (("drift", 1.0), ("unlucky", 1.1), ("captcha", 1.05)):
         runs = {name: [_run(name, family, seed, **BEATS) for seed in range(3)] for name in ("bandit", "paper", "fifo")}
         per_seed = {name: [r["samples"][-1]["items"] for r in rs] for name, rs in runs.items()}
         items = {name: sum(v) for name, v in per_seed.items()}
         assert items["paper"] > items["fifo"] and items["bandit"] > items["fifo"], (family, items)
         assert items["bandit"] > margin * items["paper"], (family, items)
-        assert all(b > 0.82 * p for b, p in zip(per_seed["bandit"], per_seed["paper"], strict=True)), per_seed
+        assert all(b > 0.95 * p for b, p in zip(per_seed["bandit"], per_seed["paper"], strict=True)), per_seed
         if family == "drift":
             delays = {name: statistics.median(_delays_to_use(rs, family)) for name, rs in runs.items()}
             assert delays["bandit"] < delays["paper"], delays
@@ -350,7 +349,7 @@ def test_experiment_sim_writes_the_summary_and_report(tmp_path: Path) -> None:
     assert best > max(r["unique_items"] for r in summary["runs"].values())
     dist = summary["distribution"]["bandit"]
     assert dist["vs_best"]["n"] == 3 and 0 < dist["vs_best"]["min"] <= dist["vs_best"]["max"] < 1
-    assert dist["vs_shared"]["median"] > 1.3  # 1.48 measured in 40 s (learning costs the first seconds); ~2 in 90 s
+    assert dist["vs_shared"]["median"] > 1.5
     assert "ratio distribution over simulated seeds" in result.stdout
     for name in ("report.html", "ratios.png", "fig4.png"):
         assert (out / name).stat().st_size > 1000
