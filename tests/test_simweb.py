@@ -328,3 +328,17 @@ def test_corpus_is_deterministic_and_in_range():
     assert len(urls) == 100
     assert document(WORDS, "12315.com", 1, 5) == document(WORDS, "12315.com", 1, 5)
     assert document(WORDS, "12315.com", 1, 5).url != document(WORDS, "cca.org.cn", 1, 5).url
+
+
+def test_deep_pages_keep_every_result():
+    # Past page 300 of a query the simulated Baidu numbers its results 3001..; the parser must not take them for
+    # ads (which Baidu numbers from 3001 on the first pages): a large corpus is crawled to its end.
+    from product_crawl.simweb.server import _baidu_page
+
+    baidu = get_engine("baidu")
+    for page in (0, 299, 300, 650):
+        offset = page * 10
+        docs = [document(WORDS, "12315.com", 7, i) for i in range(offset, offset + 10)]
+        body = _baidu_page("光明 高钙 牛奶 site:12315.com", 8000, offset, docs, True)
+        parsed = baidu.parse(HtmlResponse(url=baidu.page_url(WORDS, "12315.com", page), body=body, encoding="utf-8"))
+        assert [r.rank for r in parsed.results] == list(range(offset + 1, offset + 11)), page

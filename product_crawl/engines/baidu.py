@@ -110,7 +110,7 @@ class BaiduEngine(Engine):
         results: list[Result] = []
         skipped: list[str] = []
         for block in area[0].xpath(_TOP_BLOCKS):
-            kind, why = _classify(block)
+            kind, why = _classify(block, offset, self.page_size)
             if why:
                 skipped.append(f"{kind} {_describe(block)}: {why}")
                 continue
@@ -204,8 +204,11 @@ def _reported(response: TextResponse, text: str) -> int | None:
     return count
 
 
-def _classify(block: Selector) -> tuple[str, str]:
-    """``(kind, why it is left out)``: kind ``organic``, ``card``, ``ad`` or ``hidden``; why is "" to keep it."""
+def _classify(block: Selector, offset: int, page_size: int) -> tuple[str, str]:
+    """``(kind, why it is left out)``: kind ``organic``, ``card``, ``ad`` or ``hidden``; why is "" to keep it.
+
+    Baidu numbers ads from 3001 and organic results by rank across pages; an id in this page's own rank range
+    (past page 300 of a query) is a rank, not an ad."""
     if block.xpath(_HIDDEN):
         return "hidden", "inside a display:none block"
     classes = (block.attrib.get("class") or "").split()
@@ -214,7 +217,7 @@ def _classify(block: Selector) -> tuple[str, str]:
     if any(c.lower().startswith(("ec_", "ec-")) for c in classes):
         return "ad", f"class {block.attrib.get('class')!r}"
     block_id = block.attrib.get("id", "")
-    if block_id.isdigit() and int(block_id) >= 3000:
+    if block_id.isdigit() and int(block_id) >= 3000 and not _is_rank(int(block_id), offset, page_size):
         return "ad", f"id {block_id}"
     labels = " or ".join(f"normalize-space(text()) = '{label}'" for label in _AD_LABELS)
     if block.xpath(f".//*[self::span or self::a or self::div or self::font][{labels}]"):
@@ -222,6 +225,11 @@ def _classify(block: Selector) -> tuple[str, str]:
     if "result-op" in classes or "result" not in classes:
         return "card", ""
     return "organic", ""
+
+
+def _is_rank(block_id: int, offset: int, page_size: int) -> bool:
+    """Whether a numeric block id can be a result's rank on the page starting after ``offset``."""
+    return offset < block_id <= offset + 2 * page_size
 
 
 def _describe(block: Selector) -> str:
@@ -280,7 +288,7 @@ def _parse_result(block: Selector, response: TextResponse, kind: str, offset: in
                 break
     block_id = block.attrib.get("id", "")
     # Baidu numbers results across pages (id 11 is the first of pn=10); other ids are not ranks.
-    if block_id.isdigit() and offset < int(block_id) <= offset + 2 * page_size:
+    if block_id.isdigit() and _is_rank(int(block_id), offset, page_size):
         rank = int(block_id)
     else:
         rank = offset + index + 1
