@@ -14,6 +14,8 @@ How it works (docs/node.md):
   at once (``CONCURRENT_REQUESTS_PER_DOMAIN``): pages waiting here plus pages waiting in the downloader's slot
   queues. So the engine never waits for a subtask, and delays,
   AutoThrottle or politeness that slow the downloads also slow the takes (no subtask is leased to sit idle).
+  A page goes to the engine only while its downloader slot has fewer pages waiting than it may run at once;
+  the rest wait here, where a stop returns them (Scrapy fetches every page in its downloader before closing).
   A take is tried when the engine asks for a request, when a subtask finishes, and every
   ``SCHEDEXT_REFILL_INTERVAL`` as a fallback. ``next_request`` itself never touches Redis.
 - **Prefetch sized by the node's own pace.** The node advertises ``prefetch`` (in its heartbeat): how many entries
@@ -251,7 +253,7 @@ class SubtaskScheduler:
             site, queue = next(iter(self.queues.items()))
             del self.queues[site]  # to the back of the rotation (dicts keep insertion order)
             request = None
-            while queue and (polite is None or polite.allows(site)):
+            while queue and (polite is None or polite.allows(site)) and not self._slot_full(queue[0]):
                 candidate = queue.popleft()
                 active, page = self.tracker.get(candidate.meta.get(META_SID)), candidate.meta.get(META_PAGE)
                 if active is not None and page is not None and active.moot(page):
@@ -267,6 +269,16 @@ class SubtaskScheduler:
                     polite.dispatched(site, request)
                 return request
         return None
+
+    def _slot_full(self, request: Request) -> bool:
+        """Whether the downloader slot ``request`` would join already has as many requests waiting to start as it
+        may run at once: the page is better kept here, where a graceful stop returns it with its subtask (a page in
+        the downloader is fetched before the spider closes) and where it does not count as started."""
+        downloader = getattr(getattr(self.crawler, "engine", None), "downloader", None)
+        if downloader is None:
+            return False
+        slot = downloader.slots.get(downloader.get_slot_key(request))
+        return slot is not None and len(slot.queue) >= max(1, slot.concurrency)
 
     def __len__(self) -> int:
         return sum(len(q) for q in self.queues.values())

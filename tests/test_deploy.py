@@ -116,7 +116,9 @@ def test_cluster_deploy_up_status_down_on_scrapyd(cluster: LocalCluster, scrapyd
     assert "deployed product_crawl version" in deployed.stdout and "3 spiders" in deployed.stdout
 
     cluster.start_simweb(FAST_PROFILE)
-    cluster.settings.update(CONCURRENT_REQUESTS_PER_DOMAIN=1, DOWNLOAD_DELAY=1)
+    # No recall within the test (the fixture's threshold is 4 s): the leased subtask below must go back to waiting
+    # by the node's graceful stop, not by the control taking it back first.
+    cluster.settings.update(CONCURRENT_REQUESTS_PER_DOMAIN=1, DOWNLOAD_DELAY=1, SCHEDEXT_RECALL_THRESHOLD=120)
     sets = [arg for name, value in cluster.settings.items()
             for arg in ("--set", f"{name}={json.dumps(value) if isinstance(value, dict) else value}")]
     up = run_scrapy(["cluster", "up", "--nodes", "t1=2", "--controls", "1", *sets], env)
