@@ -127,10 +127,10 @@ class BaiduEngine(Engine):
         text = clean_text(response.xpath("//body//text()[not(ancestor::script or ancestor::style)]").getall())
         said_none = bool(response.css("div.content_none, div.nors")) or any(s in text for s in _NO_RESULTS)
         problem = check_page(results, has_next, said_none, has_pager, response.url)
-        # The notice stands above the results; a result's own text may quote anything.
-        notices = response.xpath(f"//body//text()[not(ancestor::script or ancestor::style)]"
-                                 f"[not(ancestor::*[{_BLOCK}][.//h3])]").getall()
-        truncated = _TRUNCATED.search(clean_text(notices))
+        # The notice stands above the results; a result's own text may quote anything. Reading the text outside
+        # the result blocks is the dearest step of a parse, so it is read only when the page says it somewhere.
+        truncated = _TRUNCATED.search(text) and _TRUNCATED.search(clean_text(response.xpath(
+            f"//body//text()[not(ancestor::script or ancestor::style)][not(ancestor::*[{_BLOCK}][.//h3])]").getall()))
         if truncated:
             problem = f"query truncated by Baidu (limit: 38 Chinese characters): {truncated[0].strip()}"
         return ResultPage(results=results, reported=_reported(response, text), has_next=has_next,
