@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
@@ -37,6 +37,7 @@ from product_crawl.engines import (
     normalize_date,
     parse_count,
     redirect_target,
+    strings,
     usable_url,
     without_query,
 )
@@ -48,7 +49,8 @@ QUERY_LIMIT_BYTES = 76
 # "百度为您找到以下结果" (2025) has no number: the count is unknown.
 _COUNT = re.compile(r"找到相关(?:结果|网页)数?\s*约?\s*([\d,，]+)\s*[个篇]")
 _NO_RESULTS = ("抱歉没有找到", "抱歉，没有找到", "没有找到与", "没有找到该URL", "未找到相关结果")
-_TRUNCATED = re.compile(r"[^。<>]{0,120}及其后面的字词均被忽略[^。<>]{0,40}")
+_TRUNCATED_WORDS = "及其后面的字词均被忽略"
+_TRUNCATED = re.compile(rf"[^。<>]{{0,120}}{_TRUNCATED_WORDS}[^。<>]{{0,40}}")
 _BAIDU_OWN = re.compile(r"^(?:(?:https?:)?//(?:www\.|m\.)?baidu\.com)?/s\?|cache\.baiducontent\.com|^/?#")
 # Text of verification pages (checked only on a page without results): the captcha host, its slider, the
 # "network is weak" notice it shows, the old vcode page.
@@ -124,13 +126,13 @@ class BaiduEngine(Engine):
             f" | //a[{has_class('n')}][contains(normalize-space(.), '下一页')]"
         ))
         has_pager = bool(response.xpath("//*[@id='page' or contains(@class, 'page-inner')]"))
-        text = clean_text(response.xpath("//body//text()[not(ancestor::script or ancestor::style)]").getall())
+        text = clean_text(strings(response, "//body//text()[not(ancestor::script or ancestor::style)]"))
         said_none = bool(response.css("div.content_none, div.nors")) or any(s in text for s in _NO_RESULTS)
         problem = check_page(results, has_next, said_none, has_pager, response.url)
         # The notice stands above the results; a result's own text may quote anything. Reading the text outside
         # the result blocks is the dearest step of a parse, so it is read only when the page says it somewhere.
-        truncated = _TRUNCATED.search(text) and _TRUNCATED.search(clean_text(response.xpath(
-            f"//body//text()[not(ancestor::script or ancestor::style)][not(ancestor::*[{_BLOCK}][.//h3])]").getall()))
+        truncated = _TRUNCATED_WORDS in text and _TRUNCATED.search(clean_text(strings(
+            response, f"//body//text()[not(ancestor::script or ancestor::style)][not(ancestor::*[{_BLOCK}][.//h3])]")))
         if truncated:
             problem = f"query truncated by Baidu (limit: 38 Chinese characters): {truncated[0].strip()}"
         return ResultPage(results=results, reported=_reported(response, text), has_next=has_next,
@@ -257,24 +259,19 @@ def _parse_result(block: Selector, response: TextResponse, kind: str, offset: in
     tools = _json_attr(block, "(.//@data-tools)[1]")
     log = _json_attr(block, "@data-log")
     # The first h3 with text: some cards (company information) open with an empty one.
-    heading = next((h for h in block.xpath(".//h3") if clean_text(h.xpath(".//text()").getall())), None)
+    heading = next((h for h in block.xpath(".//h3") if clean_text(strings(h, ".//text()"))), None)
     title = ""
     if heading is not None:
         # The link's text, without labels beside it in the h3 ("官方", "保障"); the h3's text if unlinked.
-        texts = (clean_text(a.xpath(".//text()").getall()) for a in heading.xpath(".//a"))
-        title = next((t for t in texts if t), "") or clean_text(heading.xpath(".//text()").getall())
+        texts = (clean_text(strings(a, ".//text()")) for a in heading.xpath(".//a"))
+        title = next((t for t in texts if t), "") or clean_text(strings(heading, ".//text()"))
     if not title:
-        title = clean_text(block.xpath(f"(.//*[{has_class('c-title', 't')}])[1]//text()").getall())
+        title = clean_text(strings(block, f"(.//*[{has_class('c-title', 't')}])[1]//text()"))
     if not title:
         title = clean_text([str(tools.get("title") or "")])
     if not title:
         return "no title (an empty widget)"
-    # The block's other links come last, without Baidu's own search and snapshot links (a "related searches"
-    # card links only to searches: it is no result).
-    others = [href for href in block.xpath(".//a/@href").getall() if not _BAIDU_OWN.search(href)]
-    title_links = heading.xpath(".//a/@href").getall() if heading is not None else []
-    url = usable_url(response, [block.attrib.get("mu"), str(log.get("mu") or ""), *title_links,
-                                str(tools.get("url") or ""), *others])
+    url = usable_url(response, _links(block, log, heading, tools))
     if not url:
         return f"no usable link ({title!r})"
     snippet, lead_date = _snippet(block)
@@ -283,7 +280,7 @@ def _parse_result(block: Selector, response: TextResponse, kind: str, offset: in
         if date:
             break
         for element in block.xpath(xpath):
-            date = normalize_date(clean_text(element.xpath(".//text()").getall()))
+            date = normalize_date(clean_text(strings(element, ".//text()")))
             if date:
                 break
     block_id = block.attrib.get("id", "")
@@ -295,13 +292,25 @@ def _parse_result(block: Selector, response: TextResponse, kind: str, offset: in
     return Result(title=title, url=url, snippet=snippet, date=date, rank=rank, kind=kind)
 
 
+def _links(block: Selector, log: dict[str, Any], heading: Selector | None, tools: dict[str, Any]) -> Iterator[str]:
+    """The block's candidate links, best first, each read only if the ones before it were unusable."""
+    yield block.attrib.get("mu") or ""
+    yield str(log.get("mu") or "")
+    if heading is not None:
+        yield from strings(heading, ".//a/@href")
+    yield str(tools.get("url") or "")
+    # The block's other links come last, without Baidu's own search and snapshot links (a "related searches"
+    # card links only to searches: it is no result).
+    yield from (href for href in strings(block, ".//a/@href") if not _BAIDU_OWN.search(href))
+
+
 def _snippet(block: Selector) -> tuple[str, str | None]:
     """The block's abstract without its date, and the date written at its start ("2015年3月12日 - ...")."""
     for xpath in _ABSTRACTS:
         found = block.xpath(xpath)
         if not found:
             continue
-        text = clean_text(found[0].xpath(f".//text()[not(ancestor::span[{_DATE_SPANS}])]").getall())
+        text = clean_text(strings(found[0], f".//text()[not(ancestor::span[{_DATE_SPANS}])]"))
         if not text:
             continue
         lead = _LEAD_DATE.match(text)
