@@ -151,7 +151,7 @@ class BaiduEngine(Engine):
         for marker in ("安全验证", "验证码", "访问出错", "访问受限"):
             if marker in without_query(title, response.url):
                 return f"verification page (title {title!r})"
-        if response.xpath(f"//div[@id='content_left'] | //*[self::div or self::table][{_BLOCK}]"):
+        if response.xpath("//div[@id='content_left']") or response.xpath(f"//*[self::div or self::table][{_BLOCK}]"):
             return None  # a result page; its scripts may well mention the verification host
         # The home page ("百度一下，你就知道") where results were asked for.
         if "百度一下" in without_query(title, response.url):
