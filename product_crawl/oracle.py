@@ -7,7 +7,9 @@ late binding with a rate floor, patience) is the dynamic allocation's, so the ``
 ``scrapy experiment`` is an upper bound on what better estimates alone could buy, not a different algorithm.
 
 Settings: ``SCHEDEXT_ORACLE_URL`` (the simulated web's ``/_truth`` URL; ``LocalCluster.start_simweb`` sets it)
-plus every setting :class:`DynamicAllocation` reads. The truth is fetched once, when the strategy is built: the
+plus every setting :class:`DynamicAllocation` reads. The truth is fetched once, at the first allocation (so the
+control may start before the web: ``scrapy experiment`` starts it before the run's clock), and again at most once
+a second while the web does not answer, allocating nothing meanwhile (the subtasks wait, none is lost): the
 profile is static (phases are a function of elapsed time) and ``started_at`` fixes the phase clock, so nothing
 needs to be fetched again. It lives in ``product_crawl`` because only the project knows the simulated web
 (scheduler_ext never imports product_crawl).
@@ -17,8 +19,11 @@ from __future__ import annotations
 
 import json
 import logging
+import math
+import time
 import urllib.error
 import urllib.request
+from collections.abc import Sequence
 from typing import Any
 
 from product_crawl.simweb.profile import Behaviour, Profile, ProfileError, parse_profile
@@ -73,9 +78,11 @@ class OracleAllocation(DynamicAllocation):
     keyword arguments are :class:`DynamicAllocation`'s.
     """
 
-    def __init__(self, profile: Profile, started_at: float, **kwargs: Any) -> None:
+    def __init__(self, profile: Profile | None, started_at: float = 0.0, *, truth_url: str = "",
+                 **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self.profile, self.started_at = profile, started_at
+        self.profile, self.started_at, self.truth_url = profile, started_at, truth_url
+        self._asked_at = -math.inf
 
     @classmethod
     def from_crawler(cls, crawler: Any) -> OracleAllocation:
@@ -83,13 +90,31 @@ class OracleAllocation(DynamicAllocation):
         if not url:
             raise ConfigurationError("SCHEDEXT_ORACLE_URL is not set: the oracle allocation needs the "
                                      "simulated web's /_truth URL")
-        profile, started_at = fetch_truth(str(url))
         base = DynamicAllocation.from_crawler(crawler)
-        logger.info("oracle allocation: profile %r from %s, phase clock started at %.3f", profile.name, url,
-                    started_at)
-        return cls(profile, started_at, explore_runs=base.explore_runs, stale_after=base.stale_after,
+        return cls(None, truth_url=str(url), explore_runs=base.explore_runs, stale_after=base.stale_after,
                    slow_factor=base.slow_factor, rate_floor=base.rate_floor, patience=base.patience,
                    explore_timeout=base.explore_timeout)
+
+    def _has_truth(self) -> bool:
+        """Whether the truth is known, fetching it if it is not (at most once a second)."""
+        if self.profile is not None:
+            return True
+        now = time.monotonic()
+        if now - self._asked_at < 1.0:
+            return False
+        self._asked_at = now
+        try:
+            self.profile, self.started_at = fetch_truth(self.truth_url, timeout=1.0)
+        except ConfigurationError as exc:
+            logger.warning("oracle allocation: %s; nothing is allocated until the web answers", exc)
+            return False
+        logger.info("oracle allocation: profile %r from %s, phase clock started at %.3f", self.profile.name,
+                    self.truth_url, self.started_at)
+        return True
+
+    def allocate(self, subtasks: Sequence[Subtask], nodes: Sequence[NodeView], estimates: Estimates,
+                 now: float) -> list[tuple[Subtask, str]]:
+        return super().allocate(subtasks, nodes, estimates, now) if self._has_truth() else []
 
     def rate(self, subtask: Subtask, node: NodeView, estimates: Estimates, now: float) -> tuple[float, float]:
         """The true (results per second, seconds per page) of ``node`` on ``subtask``'s site at ``now``.
@@ -97,5 +122,6 @@ class OracleAllocation(DynamicAllocation):
         ``now`` is Redis server time and ``started_at`` the simulated web's wall clock, both Unix seconds on
         the same machine, so their difference is the web's elapsed time.
         """
+        assert self.profile is not None, "rate() before the truth was fetched"
         behaviour = self.profile.behaviour(node.address or "", subtask.site, max(0.0, now - self.started_at))
         return expected_rate(behaviour)

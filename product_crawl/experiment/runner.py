@@ -375,20 +375,26 @@ def run_configuration(name: str, opts: Options, *, redis_url: str, mongo_uri: st
                                    **scrapy_redis_keys(opts.prefix))
             else:
                 cluster.start_node(node)
+        if not redis_nodes:
+            # The control starts with the nodes, before the web and the run's clock: its start-up (Scrapy, jieba's
+            # dictionary) is not the configuration's, and the oracle reads the web's truth at its first allocation.
+            cluster.start_control()
         progress.update(f"{tag} starting {len(opts.nodes)} nodes ...")
 
         def started() -> bool:
-            dead = [n.id for n in opts.nodes if not cluster.alive(n.id)]
+            dead = [n for n in [*(n.id for n in opts.nodes), *([] if redis_nodes else ["control"])]
+                    if not cluster.alive(n)]
             if dead:
-                raise ExperimentError(f"{tag} node {dead[0]} exited at start; see {log_dir / (dead[0] + '.log')}")
+                raise ExperimentError(f"{tag} {dead[0]} exited at start; see {log_dir / (dead[0] + '.log')}")
             if redis_nodes:  # scrapy-redis nodes register nowhere: their log says when they are open
                 logs = [log_dir / f"{n.id}.log" for n in opts.nodes]
                 return all(log.exists() and "Spider opened" in log.read_text(errors="replace") for log in logs)
-            return len(cluster.redis.hkeys(cluster.store.keys.nodes)) >= len(opts.nodes)
+            keys = cluster.store.keys
+            return len(cluster.redis.hkeys(keys.nodes)) >= len(opts.nodes) and bool(cluster.redis.get(keys.leader))
 
         if not cluster.wait_for(started, STARTUP_TIMEOUT):
-            raise ExperimentError(f"{tag} the nodes did not all heartbeat within {STARTUP_TIMEOUT:.0f} s; "
-                                  f"see the logs in {log_dir}")
+            raise ExperimentError(f"{tag} the nodes did not all heartbeat (or the control did not lead) within "
+                                  f"{STARTUP_TIMEOUT:.0f} s; see the logs in {log_dir}")
         cluster.simweb = SimWebProcess(opts.profile_spec, seed=opts.seed, port=port)
         try:
             cluster.simweb.start()
@@ -401,7 +407,6 @@ def run_configuration(name: str, opts: Options, *, redis_url: str, mongo_uri: st
         else:
             tasks: list[dict[str, Any] | str] = [*virtual_tasks(opts.sites)]
             cluster.inject(tasks)
-            cluster.start_control()
         samples: list[dict[str, Any]] = []
         status: dict[str, Any] = {}
         next_at = 0.0

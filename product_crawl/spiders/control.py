@@ -10,7 +10,10 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from scrapy import Spider
+from scrapy.utils.defer import maybe_deferred_to_future
+from twisted.internet import threads
 
+from product_crawl.tasks import prepare
 from scheduler_ext.connection import check_credentials
 from scheduler_ext.strategies import check_strategy_settings
 
@@ -27,5 +30,8 @@ class ControlSpider(Spider):
         return super().from_crawler(crawler, *args, **kwargs)
 
     async def start(self) -> AsyncIterator[Any]:
+        if self.settings.get("SCHEDEXT_SPLITTER") == "product_crawl.tasks.splitter":
+            # jieba's dictionary and the project's settings now, in a thread, not at the first product injected.
+            await maybe_deferred_to_future(threads.deferToThread(prepare))
         return
         yield  # pragma: no cover  (makes this an async generator)
