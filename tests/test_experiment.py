@@ -8,6 +8,7 @@ starts. The oracle's rate is checked against the profile it reads from a real si
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -101,6 +102,20 @@ def test_oracle_rates_come_from_the_served_profile() -> None:
     nodes = [NodeView(id="node1", types=[0], address="127.0.0.2", free=1),
              NodeView(id="node2", types=[0], address="127.0.0.3", free=1)]
     assert [(s.id, n) for s, n in oracle.allocate([st], nodes, None, started_at + 5)] == [("1", "node1")]  # type: ignore[arg-type]
+
+
+def test_oracle_allocates_nothing_until_the_web_answers() -> None:
+    # The control starts before the web (the experiment's clock starts with the web): no truth yet means no
+    # allocation, never an error that would dead-letter the window; the first answer is kept.
+    st = Subtask(id="1", task="1", site="alpha.cn", first_page=0, page_limit=5, time_limit=30)
+    nodes = [NodeView(id="node1", types=[0], address="127.0.0.2", free=1),
+             NodeView(id="node2", types=[0], address="127.0.0.3", free=1)]
+    absent = OracleAllocation(None, truth_url="http://127.0.0.1:1/_truth")
+    assert absent.allocate([st], nodes, None, time.time()) == []  # type: ignore[arg-type]
+    with SimWebProcess(DUEL, seed=3) as web:
+        oracle = OracleAllocation(None, truth_url=web.url + "/_truth")
+        assert [(s.id, n) for s, n in oracle.allocate([st], nodes, None, time.time() + 5)] == [("1", "node1")]  # type: ignore[arg-type]
+    assert oracle.profile is not None and oracle.profile.name == "duel"
 
 
 def test_oracle_names_the_url_when_the_truth_is_missing() -> None:
