@@ -39,3 +39,14 @@ def test_control_addon_enables_the_control_loop() -> None:
     assert s.getbool("SCHEDEXT_CONTROL_ENABLED")
     assert s.getdict("EXTENSIONS")[ControlExtension] == 500
     assert not s.getbool("TELNETCONSOLE_ENABLED")
+
+
+def test_node_addon_runs_a_result_pages_items_together_unless_the_project_says_otherwise() -> None:
+    from product_crawl.engines import baidu, weibo
+    from scheduler_ext.addon import NODE_CONCURRENT_ITEMS
+
+    pages = [cls.page_size for mod in (baidu, weibo) for cls in vars(mod).values()
+             if isinstance(cls, type) and isinstance(getattr(cls, "page_size", None), int)]
+    assert pages and NODE_CONCURRENT_ITEMS >= max(pages)  # one page's items share one group commit
+    assert _settings(SearchSpider).getint("CONCURRENT_ITEMS") == NODE_CONCURRENT_ITEMS
+    assert _settings(SearchSpider, CONCURRENT_ITEMS=50).getint("CONCURRENT_ITEMS") == 50
