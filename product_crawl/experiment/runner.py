@@ -55,8 +55,8 @@ CONFIGURATIONS: dict[str, tuple[str, dict[str, str]]] = {
                {"SCHEDEXT_ALLOCATION": "product_crawl.oracle.OracleAllocation",
                 "SCHEDEXT_MODIFICATION": _MOD + "RelativeModification",
                 "SCHEDEXT_RECALL": _RECALL + "DynamicRecall"}),
-    "scrapy_redis": ("scrapy-redis itself: RedisSpider nodes on its shared queue and dupefilter (JSON), each query's "
-                     "next page queued as its page is parsed; no control", {}),
+    "scrapy_redis": ("scrapy-redis itself: RedisSpider nodes on its shared queue and dupefilter (JSON), all of a "
+                     "query's pages queued once its first page is parsed; no control", {}),
     "no_allocation": ("dynamic with allocation switched to its baseline (shared queue)",
                       {"SCHEDEXT_ALLOCATION": _ALLOC + "SharedAllocation"}),
     "no_modification": ("dynamic with modification switched to its baseline (fixed subtask size)",

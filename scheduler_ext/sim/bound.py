@@ -67,9 +67,9 @@ class Machine:
 
 #: This machine, for the cheapest crawler (benchmarks/results/bench_machine.json: plain Scrapy, its page and its
 #: items in the node, the simulated web and nx-27017; the cheapest of its rounds).
-MACHINE = Machine(cores=2.0, page_cpu=0.00399, item_cpu=0.000783)
+MACHINE = Machine(cores=2.0, page_cpu=0.00305, item_cpu=0.000535)
 #: One node process of the cheapest crawler (the same benchmark: the node's own CPU), 8 pages in flight.
-MACHINE_NODE = NodeModel(page_cpu=0.00358, item_cpu=0.000619)
+MACHINE_NODE = NodeModel(page_cpu=0.00247, item_cpu=0.000369)
 
 
 @dataclass(frozen=True)
