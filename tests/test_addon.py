@@ -20,6 +20,7 @@ def test_node_addon_makes_the_search_spider_a_locked_down_node() -> None:
     s = _settings(SearchSpider)
     assert s["SCHEDULER"] == "scheduler_ext.scheduler.SubtaskScheduler"
     assert s["STATS_CLASS"] == "scheduler_ext.stats.RedisStatsCollector"
+    assert s["DOWNLOADER"] == "scheduler_ext.downloader.Downloader"
     assert s.getdict("DOWNLOADER_MIDDLEWARES")[SubtaskDownloaderMiddleware] == 900
     assert s.getdict("SPIDER_MIDDLEWARES")[SubtaskSpiderMiddleware] == 950
     assert not s.getbool("TELNETCONSOLE_ENABLED") and not s.getbool("REMOTE_CONTROL_ENABLED")

@@ -75,3 +75,18 @@ def test_two_nodes_together_never_exceed_the_site_limit(cluster: LocalCluster, t
     # 48 pages of 0.15 s each from two nodes of 16 concurrent requests: without the limit, far more than 2 at once.
     assert counters["peak_in_flight"] == {"a.example": 2, "b.example": 2}
     assert sum(c["requests"] for c in counters["by_address"].values()) == 48
+
+
+def test_a_node_keeps_scrapys_per_domain_concurrency(cluster: LocalCluster, tmp_path: Path) -> None:
+    # Scrapy's own downloader starts every request waiting in a slot at once under the asyncio reactor
+    # (scheduler_ext/downloader.py): this node would have up to 16 of its 24 pages in flight.
+    url = cluster.start_simweb(_profile(tmp_path))
+    keys = cluster.store.keys
+    for i in range(6):
+        cluster.redis.lpush(keys.crawl("node1"), _subtask(f"a{i}", "a.example", 4 * i))
+    node = cluster.start_node(NodeSpec("node1", "127.0.0.2"), CONCURRENT_REQUESTS_PER_DOMAIN=2,
+                              SCHEDEXT_IDLE_CLOSE=1)
+    assert node.wait(120) == 0
+    counters = json.loads(urllib.request.urlopen(f"{url}/_counters", timeout=5).read())
+    assert sum(c["requests"] for c in counters["by_address"].values()) == 24
+    assert counters["peak_in_flight"] == {"a.example": 2}
