@@ -72,14 +72,14 @@ def test_two_nodes_together_never_exceed_the_site_limit(cluster: LocalCluster, t
     reports = [Report.from_json(r) for r in cluster.redis.lrange(keys.sleeping, 0, -1)]
     assert len(reports) == 12 and all(r.outcome == "done" and r.pages == 4 for r in reports)
     counters = json.loads(urllib.request.urlopen(f"{url}/_counters", timeout=5).read())
-    # 48 pages of 0.15 s each from two nodes of 16 concurrent requests: without the limit, far more than 2 at once.
+    # 48 pages of 0.15 s each from two nodes of 8 pages in flight each: without the limit, far more than 2 at once.
     assert counters["peak_in_flight"] == {"a.example": 2, "b.example": 2}
     assert sum(c["requests"] for c in counters["by_address"].values()) == 48
 
 
 def test_a_node_keeps_scrapys_per_domain_concurrency(cluster: LocalCluster, tmp_path: Path) -> None:
     # Scrapy's own downloader starts every request waiting in a slot at once under the asyncio reactor
-    # (scheduler_ext/downloader.py): this node would have up to 16 of its 24 pages in flight.
+    # (scheduler_ext/downloader.py): this node had 4 of its 24 pages in flight at a limit of 2.
     url = cluster.start_simweb(_profile(tmp_path))
     keys = cluster.store.keys
     for i in range(6):
