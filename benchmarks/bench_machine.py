@@ -4,8 +4,9 @@ Run: ``.venv/bin/python benchmarks/bench_machine.py [--seconds 20] [--rounds 3]`
 benchmarks/results/bench_machine.json, which :mod:`scheduler_ext.sim.bound` reads (``MACHINE``).
 
 The cheapest crawler is plain Scrapy (``bench_node.PlainSearchSpider``: every result page a start request, no
-scheduling, no Redis, with the node's ``CONCURRENT_ITEMS``, cheaper a page than Scrapy's default) parsing the pages with the project's engine and storing the items through the same
-``MongoPipeline`` into a private ``nx-27017``, against the same simulated web. A crawl of the simulated web cannot
+scheduling, no Redis, with the node's ``CONCURRENT_ITEMS``, cheaper a page than Scrapy's default) parsing the
+pages with the project's engine and storing the items through the same ``MongoPipeline`` into a private
+``nx-27017``, against the same simulated web. A crawl of the simulated web cannot
 do without any of the three processes, so the CPU a page costs is the sum of their CPU (user + system, every thread
 and child process), measured over a window of ``--seconds`` while the node crawls as fast as it can:
 
@@ -38,10 +39,9 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from bench_node import ADDRESS, SCRAPY, _cpu_seconds, _served, page_entries  # noqa: E402
 
-from scheduler_ext.addon import NODE_CONCURRENT_ITEMS  # noqa: E402
-
 from product_crawl import services  # noqa: E402
 from product_crawl.simweb import SimWebProcess  # noqa: E402
+from scheduler_ext.addon import NODE_CONCURRENT_ITEMS  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results" / "bench_machine.json"
 BENCH_NODE = ROOT / "benchmarks" / "bench_node.py"

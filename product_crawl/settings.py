@@ -16,7 +16,7 @@ COMMANDS_MODULE = "product_crawl.commands"
 
 TWISTED_REACTOR = "twisted.internet.asyncioreactor.AsyncioSelectorReactor"
 ROBOTSTXT_OBEY = False
-# Scrapy's downloader, but CONCURRENT_REQUESTS_PER_DOMAIN is kept under the asyncio reactor (scheduler_ext/downloader.py)
+# Scrapy's downloader, but it keeps CONCURRENT_REQUESTS_PER_DOMAIN under the asyncio reactor (see its docstring)
 DOWNLOADER = "scheduler_ext.downloader.Downloader"
 LOG_LEVEL = os.environ.get("PC_LOG_LEVEL", "INFO")
 
