@@ -34,7 +34,7 @@ class NodeAddon:
         settings.set("STATS_CLASS", "scheduler_ext.stats.RedisStatsCollector", "addon")
         # Scrapy starts CONCURRENT_ITEMS worker tasks for every response (default 100). A result page holds at
         # most 20 results (Weibo's), so 20 let all of a page's items share one MongoDB group commit at a fifth of
-        # the per-page cost (about 0.7 ms of CPU a page; docs/node.md).
+        # the per-page cost (about 0.8 ms of CPU a page; docs/settings.md).
         settings.set("CONCURRENT_ITEMS", NODE_CONCURRENT_ITEMS, "addon")
         # Scrapy's downloader, with CONCURRENT_REQUESTS_PER_DOMAIN kept under the asyncio reactor (downloader.py).
         settings.set("DOWNLOADER", "scheduler_ext.downloader.Downloader", "addon")
