@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import pymongo
@@ -63,3 +64,50 @@ async def test_a_lone_item_is_written_after_the_batch_delay(mongo_uri: str, mong
         await defer.Deferred.fromFuture(asyncio.ensure_future(pipeline.close_spider()))
     stored = pymongo.MongoClient(mongo_uri)[mongo_db]["items"]
     assert stored.count_documents({}) == 2
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_result_stored_before_keeps_its_first_crawl_and_records_the_last(mongo_uri: str,
+                                                                                 mongo_db: str) -> None:
+    # One batch holds a new result, one stored before, and the same new result twice: the insert refuses the
+    # duplicates and the update refreshes them; nothing is stored twice and nothing new is lost.
+    pipeline = MongoPipeline(mongo_uri, mongo_db, "items", batch_size=100, batch_delay=0.02)
+    await defer.Deferred.fromFuture(asyncio.ensure_future(pipeline.open_spider()))
+    first, again, fresh = item(0), item(0), item(1)
+    again.node_id, again.subtask_id, again.crawled_at = "node2", "s2", first.crawled_at + 60
+    try:
+        await process_all(pipeline, [first])
+        await process_all(pipeline, [again, fresh, item(1)])
+    finally:
+        await defer.Deferred.fromFuture(asyncio.ensure_future(pipeline.close_spider()))
+    stored = {d["url"]: d for d in pymongo.MongoClient(mongo_uri)[mongo_db]["items"].find()}
+    assert len(stored) == 2
+    kept = stored[first.url]
+    assert (kept["node_id"], kept["subtask_id"], kept["crawled_at"]) == ("node1", "s1", first.crawled_at)
+    assert (kept["last_node_id"], kept["last_subtask_id"]) == ("node2", "s2")
+    assert abs(kept["last_crawled_at"] - again.crawled_at) < 1e-3  # nx-27017's update keeps 15 digits
+    assert stored[fresh.url]["last_node_id"] == "node1" and stored[fresh.url]["title"] == "title 1"
+
+
+@dataclass
+class Outer:
+    product: str
+    url: str
+    inner: Inner
+
+
+@dataclass
+class Inner:
+    words: list[str]
+
+
+@pytest_twisted.ensureDeferred
+async def test_an_item_holding_an_item_is_stored_as_a_document(mongo_uri: str, mongo_db: str) -> None:
+    pipeline = MongoPipeline(mongo_uri, mongo_db, "items", batch_size=100, batch_delay=0.02)
+    await defer.Deferred.fromFuture(asyncio.ensure_future(pipeline.open_spider()))
+    try:
+        await process_all(pipeline, [Outer("p", "http://good.example/x", Inner(["a", "b"]))])
+    finally:
+        await defer.Deferred.fromFuture(asyncio.ensure_future(pipeline.close_spider()))
+    doc = pymongo.MongoClient(mongo_uri)[mongo_db]["items"].find_one({"url": "http://good.example/x"})
+    assert doc is not None and doc["inner"] == {"words": ["a", "b"]}
