@@ -26,6 +26,20 @@ def test_change_hazard_is_the_share_of_watched_pairs_that_changed() -> None:
     assert h.cumulative(110.0, 300.0) == 0.0  # a pair seen after the burst has no reason to have changed
 
 
+def test_a_change_seen_late_goes_to_the_burst_already_located() -> None:
+    h = ChangeHazard(width=5.0)
+    for i in range(20):  # 20 pairs run every second around 100 s; 5 change between 100 and 101 s
+        h.watch(100.0, 101.0)
+        if i < 5:
+            h.change(100.0, 101.0)
+    h.watch(0.0, 200.0)  # a pair not run from 0 to 200 s turns out changed: when in between is not known
+    h.change(0.0, 200.0)
+    late = h.changes[20] - 5.0  # the late change's share in the bin of 100..105 s
+    assert late > 4 * 5.0 / 200.0  # several times its share by time alone (1/40)
+    assert math.isclose(sum(h.changes.values()), 6.0)  # and it still counts as one change
+    assert h.cumulative(0.0, 95.0) < h.cumulative(95.0, 105.0)
+
+
 def test_change_hazard_without_changes_is_zero_however_long() -> None:
     h = ChangeHazard()
     for t in range(0, 36_000, 7):

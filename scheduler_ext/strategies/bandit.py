@@ -123,8 +123,30 @@ class ChangeHazard:
         self._spread(self.watched, t0, t1, None)
 
     def change(self, t0: float, t1: float) -> None:
-        """The run at ``t1`` of a pair watched since ``t0`` (:meth:`watch` said so already) was a change."""
-        self._spread(self.changes, t0, t1, 1.0)
+        """The run at ``t1`` of a pair watched since ``t0`` (:meth:`watch` said so already) was a change.
+
+        When in ``[t0, t1]`` it happened is not known (the pair was not run in between): the change is spread over
+        the interval's bins in proportion to their watched seconds times the hazard already estimated there (plus
+        the average hazard, so that bins without changes yet still get a share). A pair re-probed after 100 s
+        then adds its change mostly to the burst that pairs run every second have already located, instead of
+        thinning it over the 100 s (one step of Turnbull's estimator for interval-censored events)."""
+        if t1 <= t0:
+            return
+        w = self.width
+        watched, changes = self.watched, self.changes
+        seen = sum(watched.values())
+        average = sum(changes.values()) / seen if seen > 0 else 0.0
+        lo = max(int(t0 // w), int(t1 // w) - self.keep)
+        weights: dict[int, float] = {}
+        for b in range(lo, int(t1 // w) + 1):
+            part = min(t1, (b + 1) * w) - max(t0, b * w)
+            if part > 0:
+                here = watched.get(b, 0.0)
+                weights[b] = part * (changes.get(b, 0.0) / here + average) if here > 0 and average > 0 else part
+        total = sum(weights.values())
+        for b, x in weights.items():
+            changes[b] = changes.get(b, 0.0) + x / total
+        self._table = None
 
     def cumulative(self, t0: float, now: float) -> float:
         """Expected changes of treatment of one pair between ``t0`` and ``now`` (bins nobody watched: none)."""
