@@ -25,7 +25,9 @@ Per tick, over the window of waiting subtasks the control passes (priority order
    (and that step 3 would not pick) is an exploration. Explorations go first, best draw first, each costing one
    unit of budget; a site no candidate has data on needs no budget (there is nothing to exploit). One exploration
    per pair is in flight at a time. A pair last run before the site's latest change of treatment (any node's
-   ``Sums.cp``) is drawn from the prior, as untried; a subtask that failed already explores only if no candidate
+   ``Sums.cp``) is drawn from the prior, as untried;
+   so is any pair, with probability ``1 - exp(-H)`` for ``H`` the cluster's confirmed changes per pair since it
+   was last seen (:class:`ChangeHazard`); a subtask that failed already explores only if no candidate
    is known to collect anything.
 5. Matching: explorations, then the exploit pairs as the dynamic allocation matches them (aged subtasks first,
    then the highest expected rate, then priority).
@@ -69,6 +71,110 @@ EXPLORE_SAMPLE = 8
 EXPLOIT = 0.0
 #: Free candidates a recalled subtask's class weighs (the best-rated first): bounds its cost at any scale.
 RETRY_SAMPLE = 16
+#: Width of the time bins of :class:`ChangeHazard`, in seconds: its resolution in time (a burst of changes is
+#: located to within a bin; the estimate does not depend on the width otherwise).
+HAZARD_BIN = 5.0
+#: Bins :class:`ChangeHazard` keeps (an hour at 5 s); a pair last seen before them is treated as seen at the first.
+HAZARD_BINS = 720
+
+
+class ChangeHazard:
+    """How often pairs changed treatment, as a function of time: a binned Nelson-Aalen estimate.
+
+    Every time a pair runs again, the interval since its previous run was watched (:meth:`watch`: its seconds are
+    added to the time bins it covers); if that run turned out to be a confirmed change of treatment, one change is
+    spread over the same bins in proportion (:meth:`change`). A bin's hazard is its changes over its watched
+    pair-seconds, and :meth:`cumulative` integrates it: ``exp(-cumulative(t0, now))`` is the probability that a
+    pair last seen at ``t0`` still treats its node as it did then. Changes that come in bursts (a site's new
+    defences, a cluster's new addresses) raise it for exactly the pairs last seen before the burst; a quiet period
+    adds nothing, however long, so a cluster whose sites never change never re-probes on this account.
+
+    >>> h = ChangeHazard(width=5.0)
+    >>> for i in range(20):  # 20 pairs watched from 0 to 10 s, a quarter of them change
+    ...     h.watch(0.0, 10.0)
+    ...     if i % 4 == 0:
+    ...         h.change(0.0, 10.0)
+    >>> round(h.cumulative(0.0, 10.0), 3), round(h.cumulative(10.0, 60.0), 3)
+    (0.25, 0.0)
+    """
+
+    def __init__(self, width: float = HAZARD_BIN, keep: int = HAZARD_BINS) -> None:
+        self.width, self.keep = width, keep
+        self.watched: dict[int, float] = {}  # bin -> pair-seconds watched in it
+        self.changes: dict[int, float] = {}  # bin -> changes (fractions of changes spread over their intervals)
+        self._table: tuple[int, list[float]] | None = None  # (first bin, cumulative hazard at each bin's start)
+
+    def _spread(self, into: dict[int, float], t0: float, t1: float, total: float | None) -> None:
+        """Adds to the bins of ``into`` the part of ``[t0, t1]`` each covers: in seconds, or as a share of
+        ``total`` (one change spread over the interval)."""
+        if t1 <= t0:
+            return
+        w = self.width
+        lo = max(int(t0 // w), int(t1 // w) - self.keep)
+        span = t1 - max(t0, lo * w)
+        for b in range(lo, int(t1 // w) + 1):
+            part = min(t1, (b + 1) * w) - max(t0, b * w)
+            if part > 0:
+                into[b] = into.get(b, 0.0) + (part if total is None else total * part / span)
+        self._table = None
+
+    def watch(self, t0: float, t1: float) -> None:
+        """A pair ran at ``t0`` and again at ``t1``: it was watched in between."""
+        self._spread(self.watched, t0, t1, None)
+
+    def change(self, t0: float, t1: float) -> None:
+        """The run at ``t1`` of a pair watched since ``t0`` (:meth:`watch` said so already) was a change.
+
+        When in ``[t0, t1]`` it happened is not known (the pair was not run in between): the change is spread over
+        the interval's bins in proportion to their watched seconds times the hazard already estimated there (plus
+        the average hazard, so that bins without changes yet still get a share). A pair re-probed after 100 s
+        then adds its change mostly to the burst that pairs run every second have already located, instead of
+        thinning it over the 100 s (one step of Turnbull's estimator for interval-censored events)."""
+        if t1 <= t0:
+            return
+        w = self.width
+        watched, changes = self.watched, self.changes
+        seen = sum(watched.values())
+        average = sum(changes.values()) / seen if seen > 0 else 0.0
+        lo = max(int(t0 // w), int(t1 // w) - self.keep)
+        weights: dict[int, float] = {}
+        for b in range(lo, int(t1 // w) + 1):
+            part = min(t1, (b + 1) * w) - max(t0, b * w)
+            if part > 0:
+                here = watched.get(b, 0.0)
+                weights[b] = part * (changes.get(b, 0.0) / here + average) if here > 0 and average > 0 else part
+        total = sum(weights.values())
+        for b, x in weights.items():
+            changes[b] = changes.get(b, 0.0) + x / total
+        self._table = None
+
+    def cumulative(self, t0: float, now: float) -> float:
+        """Expected changes of treatment of one pair between ``t0`` and ``now`` (bins nobody watched: none)."""
+        if not self.changes or now <= t0:
+            return 0.0
+        w = self.width
+        if self._table is None:
+            first, last = min(self.watched), max(self.watched)
+            if last - first > self.keep:
+                first = last - self.keep
+                self.watched = {b: v for b, v in self.watched.items() if b >= first}
+                self.changes = {b: v for b, v in self.changes.items() if b >= first}
+            cum, acc = [0.0], 0.0
+            for b in range(first, last + 1):
+                watched = self.watched.get(b, 0.0)
+                acc += self.changes.get(b, 0.0) / watched * w if watched > 0 else 0.0
+                cum.append(acc)
+            self._table = (first, cum)
+        first, cum = self._table
+
+        def at(t: float) -> float:
+            x = t / w - first
+            if x <= 0:
+                return 0.0
+            i = int(x)
+            return cum[-1] if i >= len(cum) - 1 else cum[i] + (x - i) * (cum[i + 1] - cum[i])
+
+        return at(now) - at(t0)
 
 
 def site_sums(estimates: Estimates, site: str, nodes: Sequence[str] = ()) -> Mapping[str, Sums]:
@@ -107,6 +213,9 @@ class BanditAllocation(Allocation):
         self.half_life = half_life  # the prior's: the effective one is learnt (:attr:`effective_half_life`)
         self.changes = 0  # changes of treatment seen (a pair's ``cp`` moved), between consecutive runs of a pair
         self.exposure = 0.0  # pair-seconds between consecutive runs of a pair (where those changes could happen)
+        self.hazard = ChangeHazard()  # when pairs changed treatment, confirmed (see _watch)
+        # (site, node) -> (previous run, the run that was a change point, share before it, share after it)
+        self._unconfirmed: dict[tuple[str, str], tuple[float, float, float, float]] = {}
         self.explore_timeout = explore_timeout
         self.rng = random.Random(seed)
         self.credit: float | None = None  # exploration budget, in runs; starts at one per node
@@ -202,6 +311,28 @@ class BanditAllocation(Allocation):
         prior = self.half_life / math.log(2)
         return math.log(2) * (prior + self.exposure) / (1.0 + self.changes)
 
+    def _watch(self, site: str, nid: str, was: Sums, new: Sums) -> None:
+        """The pair ran at ``was.t`` and again at ``new.t`` (sums ``new``): feed :attr:`hazard`.
+
+        A change point with a shift (``cp`` moved) counts as a change of treatment only once the pair's next run
+        confirms it: the share after that run is nearer the share the change point moved to than the share it
+        moved from. One lucky run of a captcha-heavy node, or one failed first page of a good one, is a change
+        point that the next run takes back; it must not make every stale pair of the cluster look changed. A
+        change point never confirmed (the pair turned bad and is not run again) counts only once it is.
+        """
+        self.hazard.watch(was.t, new.t)
+        key = (site, nid)
+        share = (new.got + 0.5) / (new.pages + 1.0)
+        pending = self._unconfirmed.pop(key, None)
+        if pending is not None and new.cp == was.cp:
+            t0, t1, before, after = pending
+            if abs(share - after) < abs(share - before):
+                self.hazard.change(t0, t1)
+        if new.cp > was.cp:
+            if len(self._unconfirmed) > 65536:
+                self._unconfirmed.clear()
+            self._unconfirmed[key] = (was.t, new.t, (was.got + 0.5) / (was.pages + 1.0), share)
+
     def _ranking(self, site: str, sums: Mapping[str, Sums], now: float, typed: _Typed,
                  previous: _Ranking | None) -> _Ranking:
         """The site's nodes of one type ranked by expected rate (the ranking's ``c``; seconds per page 1), with
@@ -223,6 +354,7 @@ class BanditAllocation(Allocation):
                 if was is not None and new.t > was.t:
                     self.exposure += new.t - was.t
                     self.changes += new.cp > was.cp
+                    self._watch(site, nid, was, new)
         if previous is not None and previous.data[1:3] == (theta0, rho0):
             c = {nid: r for nid, r in previous.c.items() if nid in sums}
             c.update(expected_rates(changed, now=now, half_life=EXPLOIT, theta0=theta0, rho0=rho0))
@@ -295,6 +427,7 @@ class BanditAllocation(Allocation):
         explore: list[tuple[float, int, bool, Subtask, str]] = []
         exploring = self._exploring
         half_life = self.effective_half_life
+        hazard = self.hazard
         changes = self._changes
 
         def site_change(sums: Mapping[str, Sums]) -> float:
@@ -330,6 +463,10 @@ class BanditAllocation(Allocation):
                 s = sums.get(nid)
                 if s is not None and s.t < site_change(sums):
                     s = None  # tried before the site changed how it treats some node: as good as untried
+                elif s is not None:
+                    lost = hazard.cumulative(s.t, now)  # expected changes since it was last seen
+                    if lost > 0 and self.rng.random() >= math.exp(-lost):
+                        s = None  # it changed since it was seen, by how often the cluster's pairs did: untried
                 draw = prior.sample(self.rng) if s is None else draw_rate(
                     self.rng, s, now=now, half_life=half_life, theta0=theta0, rho0=rho0, pace=cls.posts.get(nid))
                 if draw <= self.rate_floor * best:

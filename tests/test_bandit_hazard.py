@@ -1,0 +1,121 @@
+"""The bandit's estimate of when pairs change treatment (:class:`~scheduler_ext.strategies.bandit.ChangeHazard`)
+and how it re-opens stale evidence. Pure logic over in-memory estimates: no service involved."""
+
+from __future__ import annotations
+
+import math
+
+from scheduler_ext.models import Subtask
+from scheduler_ext.sim.estimates import MemoryEstimates
+from scheduler_ext.strategies import NodeView
+from scheduler_ext.strategies.bandit import BanditAllocation, ChangeHazard
+
+
+def test_change_hazard_is_the_share_of_watched_pairs_that_changed() -> None:
+    h = ChangeHazard(width=5.0)
+    for i in range(40):  # 40 pairs watched across 100..101 s; 10 of them change there
+        h.watch(100.0, 101.0)
+        if i < 10:
+            h.change(100.0, 101.0)
+    for _ in range(40):  # and watched, without change, before and after
+        h.watch(0.0, 100.0)
+        h.watch(101.0, 300.0)
+    burst = h.cumulative(0.0, 300.0)
+    assert math.isclose(1 - math.exp(-burst), 0.25, abs_tol=0.05)  # about a quarter changed
+    assert h.cumulative(0.0, 95.0) == 0.0  # up to 95 s nothing changed
+    assert h.cumulative(110.0, 300.0) == 0.0  # a pair seen after the burst has no reason to have changed
+
+
+def test_a_change_seen_late_goes_to_the_burst_already_located() -> None:
+    h = ChangeHazard(width=5.0)
+    for i in range(20):  # 20 pairs run every second around 100 s; 5 change between 100 and 101 s
+        h.watch(100.0, 101.0)
+        if i < 5:
+            h.change(100.0, 101.0)
+    h.watch(0.0, 200.0)  # a pair not run from 0 to 200 s turns out changed: when in between is not known
+    h.change(0.0, 200.0)
+    late = h.changes[20] - 5.0  # the late change's share in the bin of 100..105 s
+    assert late > 4 * 5.0 / 200.0  # several times its share by time alone (1/40)
+    assert math.isclose(sum(h.changes.values()), 6.0)  # and it still counts as one change
+    assert h.cumulative(0.0, 95.0) < h.cumulative(95.0, 105.0)
+
+
+def test_change_hazard_without_changes_is_zero_however_long() -> None:
+    h = ChangeHazard()
+    for t in range(0, 36_000, 7):
+        h.watch(float(t), t + 7.0)
+    assert h.cumulative(0.0, 36_000.0) == 0.0
+
+
+def test_change_hazard_forgets_beyond_its_bins() -> None:
+    h = ChangeHazard(width=1.0, keep=10)
+    h.watch(0.0, 5.0)
+    h.change(0.0, 5.0)
+    h.watch(100.0, 105.0)
+    h.change(100.0, 105.0)
+    assert math.isclose(h.cumulative(0.0, 200.0), 1.0)  # only the change within the last 10 bins remains
+
+
+def subtask(sid: str, now: float) -> Subtask:
+    return Subtask(id=sid, task=f"t{sid}", site="a.com", first_page=0, page_limit=10, time_limit=60.0, group="g",
+                   since=now)
+
+
+def run(est: MemoryEstimates, node: str, now: float, *, good: bool, site: str = "a.com") -> None:
+    est.finish(site=site, group="g", node=node, offered=100, collected=95 if good else 10, pages=10,
+               seconds=1.0 if good else 4.0, ok=True, now=now)
+    est.read()
+
+
+def test_a_change_counts_only_once_the_next_run_confirms_it() -> None:
+    strategy = BanditAllocation()
+    est = MemoryEstimates()
+    nodes = [NodeView(id="n1", types=[0], free=0)]  # "x" is free: a tick with a free slot reads the estimates
+    t = 1.0
+    for _ in range(5):  # a good pair, run every second
+        run(est, "n1", t, good=True)
+        strategy.allocate([subtask("s", t)], [*nodes, NodeView(id="x", types=[0], free=1)], est, t)
+        t += 1
+    run(est, "n1", t, good=False)  # a bad run: a change point, not confirmed yet
+    strategy.allocate([subtask("s", t)], [*nodes, NodeView(id="x", types=[0], free=1)], est, t)
+    assert strategy.hazard.cumulative(0.0, t + 1) == 0.0
+    t += 1
+    run(est, "n1", t, good=True)  # taken back by the next run: a change point again, and none confirmed
+    strategy.allocate([subtask("s", t)], [*nodes, NodeView(id="x", types=[0], free=1)], est, t)
+    assert strategy.hazard.cumulative(0.0, t + 1) == 0.0
+    for good in (False, False):  # a change the next run confirms
+        t += 1
+        run(est, "n1", t, good=good)
+        strategy.allocate([subtask("s", t)], [*nodes, NodeView(id="x", types=[0], free=1)], est, t)
+    assert strategy.hazard.cumulative(0.0, t + 1) > 0.0
+
+
+def explorations_of_stale_pair(burst: bool) -> int:
+    """Runs of ``stale`` on a.com (measured bad five times by 5 s) the bandit sends over 20 ticks after 100 s, with and
+    without a burst of confirmed changes on other sites between its run and now."""
+    strategy = BanditAllocation(seed=3)
+    est = MemoryEstimates()
+    for t in range(1, 6):
+        run(est, "stale", float(t), good=False)
+    for t in range(1, 100):  # "good" serves a.com every second; eight watched pairs on b.com
+        run(est, "good", float(t), good=True)
+        for i in range(8):
+            changed = burst and i < 4 and t >= 50
+            run(est, f"w{i}", float(t), good=not changed, site="b.com")
+        subtasks = [subtask("s", float(t)), Subtask(id="b", task="tb", site="b.com", first_page=0, page_limit=10,
+                                                     time_limit=60.0, group="g", since=float(t))]
+        strategy.allocate(subtasks, [NodeView(id=n, types=[0], free=int(n == "good")) for n in
+                                     ("good", "stale", *(f"w{i}" for i in range(8)))], est, float(t))
+    sent = 0
+    for t in range(100, 120):
+        strategy.credit = 1.0  # the budget is not what is tested
+        result = strategy.allocate([subtask(f"s{t}", float(t))], [NodeView(id="good", types=[0], free=0),
+                                                                    NodeView(id="stale", types=[0], free=1)],
+                                   est, float(t))
+        sent += sum(1 for _, n in result if n == "stale")
+        strategy._exploring.clear()  # as if each exploration came back at once, still bad: measured again
+    return sent
+
+
+def test_a_burst_of_confirmed_changes_reopens_stale_evidence() -> None:
+    assert explorations_of_stale_pair(burst=True) > explorations_of_stale_pair(burst=False)
