@@ -128,21 +128,21 @@ def test_oracle_names_the_url_when_the_truth_is_missing() -> None:
 def test_dynamic_beats_shared_on_a_heterogeneous_profile(scrapy_env: dict[str, str], prefix: str, mongo_db: str,
                                                        tmp_path: Path) -> None:
     out = tmp_path / "exp"
-    result = run_scrapy(["experiment", "--profile", str(DUEL), "--strategies", "dynamic,shared", "--duration", "25",
+    result = run_scrapy(["experiment", "--profile", str(DUEL), "--strategies", "dynamic,shared", "--duration", "20",
                          "--out", str(out), "--prefix", prefix, "--database", mongo_db], env=scrapy_env, timeout=150)
     assert result.returncode == 0, result.stderr[-3000:] + result.stdout[-3000:]
     summary = json.loads((out / "summary.json").read_text(encoding="utf-8"))
     # The documented shape (docs/experiment.md).
     assert {"v", "profile", "seed", "duration", "configurations", "nodes", "sites", "products", "corpus", "settings",
             "runs", "ratios", "goals", "gains"} <= set(summary)
-    assert summary["configurations"] == ["dynamic", "shared"] and summary["duration"] == 25
+    assert summary["configurations"] == ["dynamic", "shared"] and summary["duration"] == 20
     for name in ("dynamic", "shared"):
         run = summary["runs"][name]
         assert RUN_KEYS <= set(run)
         assert set(run["nodes"]) == {"node1", "node2"}
         for node in run["nodes"].values():
             assert NODE_KEYS <= set(node)
-        assert run["items_over_time"][-1] == [25, run["unique_items"]]
+        assert run["items_over_time"][-1] == [20, run["unique_items"]]
         assert 0 < run["completion"] < 1 and not run["exhausted"]
     assert set(summary["ratios"]) == {"dynamic_vs_shared", "dynamic_vs_oracle", "dynamic_vs_best", "oracle_vs_best"}
     assert summary["ratios"]["dynamic_vs_oracle"] is None

@@ -88,6 +88,9 @@ class SimWeb:
         self.by_site: dict[str, dict[str, dict[str, int]]] = defaultdict(lambda: defaultdict(_new_counts))
         self.in_flight: dict[str, int] = defaultdict(int)  # site -> search requests being answered now
         self.peak_in_flight: dict[str, int] = defaultdict(int)
+        # address -> milliseconds its search requests spent in flight here, summed: over a window, its mean
+        # number of requests in flight (how much of its concurrency a node kept busy) is the growth / window.
+        self.busy_ms: dict[str, int] = defaultdict(int)
 
     def elapsed(self) -> float:
         """Seconds since this web started (the time ``phases`` are measured in)."""
@@ -148,6 +151,7 @@ class SimWeb:
             },
             "labels": {addr: self.profile.label(addr) for addr in sorted(self.by_address)},
             "peak_in_flight": dict(sorted(self.peak_in_flight.items())),
+            "busy_ms": dict(sorted(self.busy_ms.items())),
         }
 
     def begin(self, engine: str, args: dict[str, str]) -> str:
@@ -274,6 +278,7 @@ class _SearchResource(Resource):
         args = _args(request)
         site = self.web.begin(self.engine, args)
         status, body, delay = self.web.answer(self.engine, address, args)
+        begun = self.web.clock.seconds()
         finished = False
 
         def deliver() -> None:
@@ -282,6 +287,7 @@ class _SearchResource(Resource):
                 return
             finished = True
             self.web.end(site)
+            self.web.busy_ms[normalize_address(address)] += round(1000 * (self.web.clock.seconds() - begun))
             request.setResponseCode(status)
             request.setHeader(b"Content-Type", b"text/html; charset=utf-8")
             request.write(body)
