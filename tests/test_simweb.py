@@ -151,9 +151,10 @@ def test_errors_and_captchas(engines: dict[str, Engine]):
     assert status == 400
 
 
-def test_latency_does_not_block_other_requests(engines: dict[str, Engine]):
+def test_latency_does_not_block_other_requests(simweb: str, engines: dict[str, Engine]):
     baidu = engines["baidu"]
     done: dict[str, float] = {}
+    busy = fetch_json(f"{simweb}/_counters")["busy_ms"].get(NODE1, 0)
     start = time.monotonic()
 
     def slow() -> None:
@@ -166,6 +167,8 @@ def test_latency_does_not_block_other_requests(engines: dict[str, Engine]):
     done["fast"] = time.monotonic() - start
     thread.join(5)
     assert done["slow"] >= 0.4 and done["fast"] < done["slow"]
+    # The time the node's requests were in flight here: the slow one's 0.4 s, the fast one's nearly nothing.
+    assert 400 <= fetch_json(f"{simweb}/_counters")["busy_ms"][NODE1] - busy < 1000
 
 
 def test_truth_and_counters(simweb: str, engines: dict[str, Engine]):
