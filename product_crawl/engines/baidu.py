@@ -22,7 +22,8 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-from parsel import Selector
+from lxml import etree
+from parsel.csstranslator import HTMLTranslator
 from scrapy.http import Response, TextResponse
 
 from product_crawl.engines import (
@@ -31,6 +32,7 @@ from product_crawl.engines import (
     ResultPage,
     check_page,
     clean_text,
+    compiled,
     encode_param,
     has_class,
     html_title,
@@ -85,6 +87,14 @@ _ABSTRACTS = (
     ".//*[contains(@class, 'abstract') or contains(@class, 'summary')]",
     f".//*[{has_class('c-span-last', 'c-span18')}]",
 )
+_AD_LABEL = ".//*[self::span or self::a or self::div or self::font][" + " or ".join(
+    f"normalize-space(text()) = '{label}'" for label in _AD_LABELS) + "]"
+_PAGER = "//*[@id='page' or contains(@class, 'page-inner')]"
+_NEXT = (f"{_PAGER}//a[contains(normalize-space(.), '下一页')]"
+         f" | //a[{has_class('n')}][contains(normalize-space(.), '下一页')]")
+# The count line and the "no results" notice, as CSS says them (translated once, evaluated as compiled XPath).
+_COUNT_TEXTS = HTMLTranslator().css_to_xpath(".nums ::text, .nums_text ::text, [class*=hint_] ::text")
+_NONE_NOTICE = HTMLTranslator().css_to_xpath("div.content_none, div.nors")
 _LEAD_DATE = re.compile(r"^\s*(\S{6,12}日|\d{4}-\d{1,2}-\d{1,2}|\d+\s*\S{1,2}前)\s*-\s*")
 
 
@@ -108,10 +118,11 @@ class BaiduEngine(Engine):
 
     def parse(self, response: TextResponse) -> ResultPage:
         offset = _offset(response.url)
-        area = response.xpath("//div[@id='content_left']") or response.xpath("//body") or response
+        root = response.selector.root  # the blocks are read as lxml nodes (engines.compiled)
+        area = (compiled("//div[@id='content_left']")(root) or compiled("//body")(root) or [root])[0]
         results: list[Result] = []
         skipped: list[str] = []
-        for block in area[0].xpath(_TOP_BLOCKS):
+        for block in compiled(_TOP_BLOCKS)(area):
             kind, why = _classify(block, offset, self.page_size)
             if why:
                 skipped.append(f"{kind} {_describe(block)}: {why}")
@@ -121,13 +132,10 @@ class BaiduEngine(Engine):
                 skipped.append(f"{kind} {_describe(block)}: {result}")
             else:
                 results.append(result)
-        has_next = bool(response.xpath(
-            "//*[@id='page' or contains(@class, 'page-inner')]//a[contains(normalize-space(.), '下一页')]"
-            f" | //a[{has_class('n')}][contains(normalize-space(.), '下一页')]"
-        ))
-        has_pager = bool(response.xpath("//*[@id='page' or contains(@class, 'page-inner')]"))
+        has_next = bool(compiled(_NEXT)(root))
+        has_pager = bool(compiled(_PAGER)(root))
         text = clean_text(strings(response, "//body//text()[not(ancestor::script or ancestor::style)]"))
-        said_none = bool(response.css("div.content_none, div.nors")) or any(s in text for s in _NO_RESULTS)
+        said_none = bool(compiled(_NONE_NOTICE)(root)) or any(s in text for s in _NO_RESULTS)
         problem = check_page(results, has_next, said_none, has_pager, response.url)
         # The notice stands above the results; a result's own text may quote anything. Reading the text outside
         # the result blocks is the dearest step of a parse, so it is read only when the page says it somewhere.
@@ -151,7 +159,8 @@ class BaiduEngine(Engine):
         for marker in ("安全验证", "验证码", "访问出错", "访问受限"):
             if marker in without_query(title, response.url):
                 return f"verification page (title {title!r})"
-        if response.xpath("//div[@id='content_left']") or response.xpath(f"//*[self::div or self::table][{_BLOCK}]"):
+        root = response.selector.root
+        if compiled("//div[@id='content_left']")(root) or compiled(f"//*[self::div or self::table][{_BLOCK}]")(root):
             return None  # a result page; its scripts may well mention the verification host
         # The home page ("百度一下，你就知道") where results were asked for.
         if "百度一下" in without_query(title, response.url):
@@ -199,30 +208,29 @@ def _offset(url: str) -> int:
 
 
 def _reported(response: TextResponse, text: str) -> int | None:
-    texts = response.css(".nums ::text, .nums_text ::text, [class*=hint_] ::text").getall()
+    texts = strings(response, _COUNT_TEXTS)
     count = parse_count(clean_text(texts), _COUNT)
     if count is None:  # layouts change; the sentence is the stable part
         count = parse_count(text, _COUNT)
     return count
 
 
-def _classify(block: Selector, offset: int, page_size: int) -> tuple[str, str]:
+def _classify(block: etree._Element, offset: int, page_size: int) -> tuple[str, str]:
     """``(kind, why it is left out)``: kind ``organic``, ``card``, ``ad`` or ``hidden``; why is "" to keep it.
 
     Baidu numbers ads from 3001 and organic results by rank across pages; an id in this page's own rank range
     (past page 300 of a query) is a rank, not an ad."""
-    if block.xpath(_HIDDEN):
+    if compiled(_HIDDEN)(block):
         return "hidden", "inside a display:none block"
-    classes = (block.attrib.get("class") or "").split()
-    if block.xpath("self::*[@data-tuiguang] | .//*[@data-tuiguang]"):
+    classes = (block.get("class") or "").split()
+    if compiled("self::*[@data-tuiguang] | .//*[@data-tuiguang]")(block):
         return "ad", "data-tuiguang"
     if any(c.lower().startswith(("ec_", "ec-")) for c in classes):
-        return "ad", f"class {block.attrib.get('class')!r}"
-    block_id = block.attrib.get("id", "")
+        return "ad", f"class {block.get('class')!r}"
+    block_id = block.get("id", "")
     if block_id.isdigit() and int(block_id) >= 3000 and not _is_rank(int(block_id), offset, page_size):
         return "ad", f"id {block_id}"
-    labels = " or ".join(f"normalize-space(text()) = '{label}'" for label in _AD_LABELS)
-    if block.xpath(f".//*[self::span or self::a or self::div or self::font][{labels}]"):
+    if compiled(_AD_LABEL)(block):
         return "ad", "an ad label"
     if "result-op" in classes or "result" not in classes:
         return "card", ""
@@ -234,16 +242,17 @@ def _is_rank(block_id: int, offset: int, page_size: int) -> bool:
     return offset < block_id <= offset + 2 * page_size
 
 
-def _describe(block: Selector) -> str:
+def _describe(block: etree._Element) -> str:
     attrs = " ".join(f'{k}="{block.attrib[k]}"' for k in ("id", "tpl", "srcid") if k in block.attrib)
-    tag = block.xpath("name()").get()
+    tag = block.tag
     return f"<{tag} {attrs}>" if attrs else f"<{tag}>"
 
 
-def _json_attr(block: Selector, xpath: str) -> dict[str, Any]:
+def _json_attr(block: etree._Element, xpath: str) -> dict[str, Any]:
     """The JSON object in the attribute ``xpath`` selects (``data-tools``: the result's title and url;
     ``data-log``: its ``mu``), {} if absent or unreadable."""
-    raw = block.xpath(xpath).get()
+    found = strings(block, xpath)
+    raw = found[0] if found else ""
     if not raw:
         return {}
     try:
@@ -253,17 +262,17 @@ def _json_attr(block: Selector, xpath: str) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
 
 
-def _parse_result(block: Selector, response: TextResponse, kind: str, offset: int, index: int,
+def _parse_result(block: etree._Element, response: TextResponse, kind: str, offset: int, index: int,
                   page_size: int) -> Result | str:
     """The block's result, or why it has none (no title, no usable link)."""
     tools = _json_attr(block, "(.//@data-tools)[1]")
     log = _json_attr(block, "@data-log")
     # The first h3 with text: some cards (company information) open with an empty one.
-    heading = next((h for h in block.xpath(".//h3") if clean_text(strings(h, ".//text()"))), None)
+    heading = next((h for h in compiled(".//h3")(block) if clean_text(strings(h, ".//text()"))), None)
     title = ""
     if heading is not None:
         # The link's text, without labels beside it in the h3 ("官方", "保障"); the h3's text if unlinked.
-        texts = (clean_text(strings(a, ".//text()")) for a in heading.xpath(".//a"))
+        texts = (clean_text(strings(a, ".//text()")) for a in compiled(".//a")(heading))
         title = next((t for t in texts if t), "") or clean_text(strings(heading, ".//text()"))
     if not title:
         title = clean_text(strings(block, f"(.//*[{has_class('c-title', 't')}])[1]//text()"))
@@ -279,11 +288,11 @@ def _parse_result(block: Selector, response: TextResponse, kind: str, offset: in
     for xpath in _DATE_XPATHS:
         if date:
             break
-        for element in block.xpath(xpath):
+        for element in compiled(xpath)(block):
             date = normalize_date(clean_text(strings(element, ".//text()")))
             if date:
                 break
-    block_id = block.attrib.get("id", "")
+    block_id = block.get("id", "")
     # Baidu numbers results across pages (id 11 is the first of pn=10); other ids are not ranks.
     if block_id.isdigit() and _is_rank(int(block_id), offset, page_size):
         rank = int(block_id)
@@ -292,9 +301,10 @@ def _parse_result(block: Selector, response: TextResponse, kind: str, offset: in
     return Result(title=title, url=url, snippet=snippet, date=date, rank=rank, kind=kind)
 
 
-def _links(block: Selector, log: dict[str, Any], heading: Selector | None, tools: dict[str, Any]) -> Iterator[str]:
+def _links(block: etree._Element, log: dict[str, Any], heading: etree._Element | None,
+           tools: dict[str, Any]) -> Iterator[str]:
     """The block's candidate links, best first, each read only if the ones before it were unusable."""
-    yield block.attrib.get("mu") or ""
+    yield block.get("mu") or ""
     yield str(log.get("mu") or "")
     if heading is not None:
         yield from strings(heading, ".//a/@href")
@@ -304,10 +314,10 @@ def _links(block: Selector, log: dict[str, Any], heading: Selector | None, tools
     yield from (href for href in strings(block, ".//a/@href") if not _BAIDU_OWN.search(href))
 
 
-def _snippet(block: Selector) -> tuple[str, str | None]:
+def _snippet(block: etree._Element) -> tuple[str, str | None]:
     """The block's abstract without its date, and the date written at its start ("2015年3月12日 - ...")."""
     for xpath in _ABSTRACTS:
-        found = block.xpath(xpath)
+        found = compiled(xpath)(block)
         if not found:
             continue
         text = clean_text(strings(found[0], f".//text()[not(ancestor::span[{_DATE_SPANS}])]"))

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 from urllib.parse import urlsplit
 
+from lxml import etree
 from parsel import Selector
 from scrapy.http import Response, TextResponse
 from scrapy.settings import BaseSettings
@@ -45,12 +46,14 @@ from product_crawl.engines import (
     ResultPage,
     check_page,
     clean_text,
+    compiled,
     encode_param,
     has_class,
     html_title,
     normalize_date,
     parse_count,
     redirect_target,
+    strings,
     usable_url,
     without_query,
 )
@@ -91,6 +94,10 @@ _DATE_LINKS = (
     f".//a[{has_class('date', 'W_textb')}][not({_FORWARD})]",
 )
 _PAGER = f"//*[{has_class('m-page', 'W_pages', 'search_page')} or @node-type='feed_list_page']"
+_NEXT = f".//a[{has_class('next')} or contains(normalize-space(.), '下一页')]"
+_NONE_NOTICE = f"//*[{has_class('card-no-result', 'pl_noresult', 'search_noresult')}]"
+_OLD_TEXT = f".//*[{has_class('comment_txt', 'WB_text')}][not({_FORWARD})]"
+_NICK_NAME = f"(.//@nick-name[not({_FORWARD})])[1]"
 _BLOCK_HOSTS = ("passport.weibo.com", "login.sina.com.cn", "passport.sina.cn", "login.weibo.cn",
                 "security.weibo.com")
 _BLOCK_PATHS = ("visitor", "verify", "login.php", "newlogin", "signin", "login", "sorry")
@@ -132,15 +139,14 @@ class WeiboParser(Engine):
                 skipped.append(result)
                 continue
             # A page saved from a browser holds the rendered posts and, still, the pagelet scripts they came from.
-            key = post.attrib.get("mid") or result.url
+            key = post.get("mid") or result.url
             if key in seen:
                 continue
             seen.add(key)
             results.append(result)
         text = _text(fragments)
-        pagers = [p for f in fragments for p in f.xpath(_PAGER)]
-        has_next = any(p.xpath(f".//a[{has_class('next')} or contains(normalize-space(.), '下一页')]")
-                       for p in pagers)
+        pagers = [p for f in fragments for p in compiled(_PAGER)(f)]
+        has_next = any(compiled(_NEXT)(p) for p in pagers)
         said_none = _says_none(fragments, text)
         problem = check_page(results, has_next, said_none, bool(pagers), response.url)
         return ResultPage(results=results, reported=parse_count(text, _COUNT), has_next=has_next,
@@ -162,7 +168,7 @@ class WeiboParser(Engine):
         for marker in _BLOCK_TITLES:
             if marker in title:
                 return f"block page (title {html_title(response)!r})"
-        if any(f.xpath(_PAGER) for f in fragments):
+        if any(compiled(_PAGER)(f) for f in fragments):
             return None
         text = without_query(_text(fragments), response.url)
         if _says_none(fragments, text):  # a normal "no results" page, whatever else it offers (a login link)
@@ -269,67 +275,67 @@ def _offset(url: str, paginations: Sequence[tuple[str, int]]) -> int:
     return 0
 
 
-def _fragments(response: TextResponse) -> list[Selector]:
+def _fragments(response: TextResponse) -> list[etree._Element]:
     """The page itself and the HTML of every pagelet script on it (``STK.pageletM.view({... "html": ...})``,
-    ``FM.view``): old layouts ship their results only there."""
-    fragments = [response.selector]
+    ``FM.view``): old layouts ship their results only there. Each as the root lxml node of its document, read
+    with :func:`~product_crawl.engines.compiled` XPaths."""
+    fragments = [response.selector.root]
     decoder = json.JSONDecoder(strict=False)  # pagelets may hold raw tabs and newlines inside strings
-    for script in response.xpath("//script/text()").getall():
+    for script in strings(response, "//script/text()"):
         for m in _VIEW.finditer(script):
             try:
                 value, _ = decoder.raw_decode(script, m.end())
             except ValueError:  # a view() call whose argument is not a JSON literal: not a pagelet
                 continue
             if isinstance(value, dict) and isinstance(value.get("html"), str) and value["html"].strip():
-                fragments.append(Selector(text=value["html"]))
+                fragments.append(Selector(text=value["html"]).root)
     return fragments
 
 
-def _text(fragments: list[Selector]) -> str:
+def _text(fragments: list[etree._Element]) -> str:
     """The visible text of the page and its pagelets (no scripts or styles)."""
-    return " ".join(clean_text(f.xpath("//text()[not(ancestor::script or ancestor::style)]").getall())
-                    for f in fragments)
+    return " ".join(clean_text(strings(f, "//text()[not(ancestor::script or ancestor::style)]")) for f in fragments)
 
 
-def _says_none(fragments: list[Selector], text: str) -> bool:
+def _says_none(fragments: list[etree._Element], text: str) -> bool:
     """True if the page says the search has no (more) results."""
-    return any(f.xpath(f"//*[{has_class('card-no-result', 'pl_noresult', 'search_noresult')}]") for f in fragments) \
+    return any(compiled(_NONE_NOTICE)(f) for f in fragments) \
         or any(s in text for s in _NO_RESULTS)
 
 
-def _posts(fragments: list[Selector]) -> list[Selector]:
+def _posts(fragments: list[etree._Element]) -> list[etree._Element]:
     """The posts of the page and its pagelets. A candidate is a post if it holds post text: a
     ``feed_list_content`` element or an old text class, or a plain ``p.txt`` when it is a feed item with a
     ``mid`` (topic and user cards hold a ``p`` of their own)."""
     posts = []
     for fragment in fragments:
-        for post in fragment.xpath(_POSTS):
-            if any(post.xpath(xpath) for xpath in _TEXTS[:2]) \
-                    or post.xpath(f".//*[{has_class('comment_txt', 'WB_text')}][not({_FORWARD})]") \
-                    or (post.attrib.get("mid") and post.xpath(_TEXTS[2])):
+        for post in compiled(_POSTS)(fragment):
+            if any(compiled(xpath)(post) for xpath in _TEXTS[:2]) or compiled(_OLD_TEXT)(post) \
+                    or (post.get("mid") and compiled(_TEXTS[2])(post)):
                 posts.append(post)
     return posts
 
 
-def _first(post: Selector, xpaths: Sequence[str]) -> Selector | None:
+def _first(post: etree._Element, xpaths: Sequence[str]) -> etree._Element | None:
     for xpath in xpaths:
-        found = post.xpath(xpath)
+        found = compiled(xpath)(post)
         if found:
             return found[0]
     return None
 
 
-def _parse_post(post: Selector, response: TextResponse, offset: int, index: int, page_size: int) -> Result | str:
+def _parse_post(post: etree._Element, response: TextResponse, offset: int, index: int,
+                page_size: int) -> Result | str:
     text_element = _first(post, _TEXTS)
-    snippet = clean_text(text_element.xpath(_POST_TEXT).getall()) if text_element is not None else ""
+    snippet = clean_text(strings(text_element, _POST_TEXT)) if text_element is not None else ""
     snippet = snippet.lstrip("：:").strip()
-    author = post.xpath(f"(.//@nick-name[not({_FORWARD})])[1]").get() or ""
+    author = next(iter(strings(post, _NICK_NAME)), "")
     if not author:
         element = _first(post, _AUTHORS)
-        author = clean_text(element.xpath(".//text()").getall()) if element is not None else ""
+        author = clean_text(strings(element, ".//text()")) if element is not None else ""
     link = _first(post, _DATE_LINKS)
-    mid = post.attrib.get("mid", "")
-    href = link.attrib.get("href") if link is not None else None
+    mid = post.get("mid", "")
+    href = link.get("href") if link is not None else None
     if href and href.startswith("/") and not href.startswith("//") \
             and (urlsplit(response.url).hostname or "").endswith("weibo.com"):
         href = "https://weibo.com" + href  # permalinks live on weibo.com, not on the search host
@@ -338,7 +344,7 @@ def _parse_post(post: Selector, response: TextResponse, offset: int, index: int,
     if not url:
         return f"post mid={mid or '?'} by {author or '?'}: no permalink"
     date = _date(link) if link is not None else None
-    rank_attr = post.attrib.get("data-rank", "")
+    rank_attr = post.get("data-rank", "")
     # data-rank (the Weibo.php front end) is a rank in the whole list only when it falls on this page.
     if rank_attr.isdigit() and offset < int(rank_attr) <= offset + page_size:
         rank = int(rank_attr)
@@ -347,10 +353,10 @@ def _parse_post(post: Selector, response: TextResponse, offset: int, index: int,
     return Result(title=author, url=url, snippet=snippet, date=date, rank=rank)
 
 
-def _date(link: Selector) -> str | None:
+def _date(link: etree._Element) -> str | None:
     """The date of a post's date link: its ``date`` attribute (ms since the epoch, shown in China's time), its
     ``title`` ("2015-03-12 10:00"), else its text ("今天 10:05", "3月12日 10:00", "2019年01月03日 10:00")."""
-    millis = link.attrib.get("date", "")
+    millis = link.get("date", "")
     if millis.isdigit():
         return datetime.fromtimestamp(int(millis) / 1000, _CHINA).strftime("%Y-%m-%d")
-    return normalize_date(link.attrib.get("title")) or normalize_date(clean_text(link.xpath(".//text()").getall()))
+    return normalize_date(link.get("title")) or normalize_date(clean_text(strings(link, ".//text()")))
