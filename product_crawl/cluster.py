@@ -132,6 +132,12 @@ class LocalCluster:
         return proc.returncode
 
     def stop(self) -> None:
+        """Stop every process this cluster started (:meth:`stop_processes`) and close the clients."""
+        self.stop_processes()
+        self.mongo.close()
+        self.redis.close()
+
+    def stop_processes(self) -> None:
         """Stop every process this cluster started: nodes first (they return their work), then control, web."""
         for name in sorted(self.procs, key=lambda n: n.startswith("control")):
             if self.procs[name].poll() is None:
@@ -142,8 +148,6 @@ class LocalCluster:
         if self.simweb is not None:
             self.simweb.stop()
             self.simweb = None
-        self.mongo.close()
-        self.redis.close()
 
     def alive(self, name: str) -> bool:
         proc = self.procs.get(name)

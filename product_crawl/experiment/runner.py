@@ -427,9 +427,13 @@ def run_configuration(name: str, opts: Options, *, redis_url: str, mongo_uri: st
             if dead:
                 raise ExperimentError(f"{tag} {dead[0]} exited during the run; see {log_dir / (dead[0] + '.log')}")
             time.sleep(max(0.0, min(next_at, opts.duration) - (clock() - t0)))
-        by_node = cluster.items_by("node_id")
         web = _get_json(url + "/_counters") or {}
         truth = _get_json(url + "/_truth") or {}
+        # The crawl ends with the window. Counting items per node is a scan of the collection on nx-27017
+        # (a $group it runs in Python, seconds at 100,000 items) that held up the nodes' writes past their
+        # timeout when they were still running.
+        cluster.stop_processes()
+        by_node = cluster.items_by("node_id")
         progress.done(f"{tag} {opts.duration:.0f} s done: {samples[-1]['items']} unique items")
         return {"name": name, "settings": settings, "samples": samples, "items_by_node": by_node, "web": web,
                 "truth_corpus": truth.get("corpus", []), "status": status}
