@@ -180,9 +180,11 @@ class MongoPipeline:
         except BulkWriteError as exc:
             errors = exc.details.get("writeErrors", [])
             others = [e for e in errors if e.get("code") != 11000]
-            if others or not errors:
-                raise StorageError(f"MongoDB refused {len(others) or len(errors)} of {len(docs)} items: "
-                                   f"{others[0].get('errmsg') if others else exc}") from exc
+            if others:
+                raise StorageError(f"MongoDB refused {len(others)} of {len(docs)} items: "
+                                   f"{others[0].get('errmsg')}") from exc
+            if not errors:  # a write concern error: nothing says which items are stored
+                raise StorageError(f"MongoDB did not acknowledge a write of {len(docs)} items: {exc}") from exc
             stored = [e["index"] for e in errors]
         except ConnectionFailure as exc:  # not reachable (down, restarting, no primary): try again later
             raise StorageUnreachable(f"MongoDB write of {len(docs)} items failed: {exc}") from exc
