@@ -144,8 +144,10 @@ def test_dynamic_beats_shared_on_a_heterogeneous_profile(scrapy_env: dict[str, s
             assert NODE_KEYS <= set(node)
         assert run["items_over_time"][-1] == [20, run["unique_items"]]
         assert 0 < run["completion"] < 1 and not run["exhausted"]
-    assert set(summary["ratios"]) == {"dynamic_vs_shared", "dynamic_vs_oracle", "dynamic_vs_best", "oracle_vs_best"}
-    assert summary["ratios"]["dynamic_vs_oracle"] is None
+    assert set(summary["ratios"]) == {"dynamic_vs_shared", "dynamic_vs_scrapy_redis", "dynamic_vs_oracle",
+                                      "dynamic_vs_best", "oracle_vs_best"}
+    assert summary["ratios"]["dynamic_vs_oracle"] is None and summary["ratios"]["dynamic_vs_scrapy_redis"] is None
+    assert summary["goals"]["dynamic_vs_scrapy_redis>=1.5"] is None and summary["goals"]["dynamic_vs_shared>=1.5"]
     # The best possible bounds every configuration (docs/experiment.md, "vs best").
     assert 0 < summary["ratios"]["dynamic_vs_best"] < 1 and summary["simulated"] is False
     assert set(summary["gains"]["over_shared"]) == {"node1", "node2"}
@@ -157,3 +159,18 @@ def test_dynamic_beats_shared_on_a_heterogeneous_profile(scrapy_env: dict[str, s
     for name in ("fig4.png", "fig4_shared.png", "fig5.png", "items.png", "report.html"):
         assert (out / name).stat().st_size > 1000
     assert "dynamic" in result.stdout and "summary:" in result.stdout
+
+
+def test_goal_lines_report_scrapy_redis_and_oracle_goals() -> None:
+    from product_crawl.experiment.report import goal_lines
+
+    summary = {"ratios": {"dynamic_vs_shared": 3.0, "dynamic_vs_scrapy_redis": 1.4, "dynamic_vs_oracle": 0.96,
+                          "dynamic_vs_best": 0.5},
+               "goals": {"dynamic_vs_shared>=1.5": True, "dynamic_vs_scrapy_redis>=1.5": False,
+                         "dynamic_vs_oracle>=0.95": True, "dynamic_vs_best>=0.8": None},
+               "best_possible": {"items": 1000}, "runs": {}}
+    assert goal_lines(summary) == [
+        "dynamic_vs_shared>=1.5: REACHED (dynamic / shared = 3.00)",
+        "dynamic_vs_scrapy_redis>=1.5: NOT reached (dynamic / scrapy_redis = 1.40)",
+        "dynamic_vs_oracle>=0.95: REACHED (dynamic / oracle = 0.96)",
+        "dynamic_vs_best>=0.8: not measured (dynamic / best possible = 0.50, best possible 1000 unique items)"]

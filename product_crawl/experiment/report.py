@@ -180,6 +180,8 @@ def goal_lines(summary: dict[str, Any]) -> list[str]:
         state = "not measured" if met is None else ("REACHED" if met else "NOT reached")
         if goal.startswith("dynamic_vs_shared"):
             detail = f"dynamic / shared = {_num(r['dynamic_vs_shared'])}"
+        elif goal.startswith("dynamic_vs_scrapy_redis"):
+            detail = f"dynamic / scrapy_redis = {_num(r.get('dynamic_vs_scrapy_redis'))}"
         elif goal.startswith("dynamic_vs_oracle"):
             detail = f"dynamic / oracle = {_num(r['dynamic_vs_oracle'])}"
         elif goal.startswith("dynamic_vs_best"):
