@@ -36,6 +36,8 @@ class NodeAddon:
         # most 20 results (Weibo's), so 20 let all of a page's items share one MongoDB group commit at a fifth of
         # the per-page cost (about 0.8 ms of CPU a page; docs/settings.md).
         settings.set("CONCURRENT_ITEMS", NODE_CONCURRENT_ITEMS, "addon")
+        # No per-response and per-item DEBUG records built only to be dropped below LOG_LEVEL (logformatter.py).
+        settings.set("LOG_FORMATTER", "scheduler_ext.logformatter.NodeLogFormatter", "addon")
         # Scrapy's downloader, with CONCURRENT_REQUESTS_PER_DOMAIN kept under the asyncio reactor (downloader.py).
         settings.set("DOWNLOADER", "scheduler_ext.downloader.Downloader", "addon")
         from .middleware import SubtaskDownloaderMiddleware, SubtaskSpiderMiddleware

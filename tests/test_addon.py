@@ -51,3 +51,23 @@ def test_node_addon_runs_a_result_pages_items_together_unless_the_project_says_o
     assert pages and NODE_CONCURRENT_ITEMS >= max(pages)  # one page's items share one group commit
     assert _settings(SearchSpider).getint("CONCURRENT_ITEMS") == NODE_CONCURRENT_ITEMS
     assert _settings(SearchSpider, CONCURRENT_ITEMS=50).getint("CONCURRENT_ITEMS") == 50
+
+
+def test_node_log_formatter_builds_per_page_and_per_item_records_only_at_debug() -> None:
+    from scrapy import Request
+    from scrapy.http import TextResponse
+
+    from scheduler_ext.logformatter import NodeLogFormatter
+
+    assert _settings(SearchSpider)["LOG_FORMATTER"] == "scheduler_ext.logformatter.NodeLogFormatter"
+    mine = "scrapy.logformatter.LogFormatter"  # a project's own wins
+    assert _settings(SearchSpider, LOG_FORMATTER=mine)["LOG_FORMATTER"] == mine
+    request = Request("http://www.baidu.com/s?wd=x")
+    response = TextResponse(request.url, body=b"<html></html>", encoding="utf-8", request=request)
+    for level, shown in (("INFO", False), ("WARNING", False), ("DEBUG", True), (10, True), (20, False)):
+        crawler = get_crawler(SearchSpider, settings_dict={"LOG_LEVEL": level})
+        formatter = NodeLogFormatter.from_crawler(crawler)
+        assert (formatter.crawled(request, response, None) is not None) is shown, level
+        assert (formatter.scraped({"title": "t"}, response, None) is not None) is shown, level
+        # Whatever the level, the messages a user needs stay Scrapy's own.
+        assert formatter.download_error(ValueError("bad"), request, None)["level"] == 40
