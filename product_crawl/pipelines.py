@@ -53,6 +53,17 @@ def fingerprint(url: str) -> str:
     return hashlib.sha1(canonicalize_url(url).encode("utf-8")).hexdigest()
 
 
+def fingerprint_range(url: str) -> dict[str, Any]:
+    """The MongoDB filter of every stored item of ``url``, whatever its product: a range of ``_id``
+    (``"<fingerprint>:<product>"``), served by the ``_id`` index.
+
+    >>> fingerprint_range("http://example.com/a")["_id"]["$lt"][-1]
+    ';'
+    """
+    fp = fingerprint(url)
+    return {"_id": {"$gte": f"{fp}:", "$lt": f"{fp};"}}  # ";" is the character after ":"
+
+
 class StorageError(RuntimeError):
     """Raised if MongoDB did not acknowledge a batch of items."""
 
@@ -92,9 +103,10 @@ class MongoPipeline:
         logger.info("storing items in %s.%s", self.database_name, self.collection_name)
 
     def _create_indexes(self) -> None:
-        # Uniqueness is the _id; these serve the analysts' queries and the dashboard's newest-first item list.
+        # Uniqueness is the _id; these serve the analysts' queries and the dashboard's newest-first item list. No
+        # index on fingerprint: the _id starts with it, so a URL's items are a range of the _id index
+        # (fingerprint_range), and every index costs every insert (nx-27017: about a tenth of its CPU an item).
         self.collection.create_index([("product", 1), ("site", 1)], name="product_site")
-        self.collection.create_index([("fingerprint", 1)], name="fingerprint")
         self.collection.create_index([("crawled_at", -1)], name="crawled_at")
 
     async def close_spider(self) -> None:

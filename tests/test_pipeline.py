@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -111,3 +112,23 @@ async def test_an_item_holding_an_item_is_stored_as_a_document(mongo_uri: str, m
         await defer.Deferred.fromFuture(asyncio.ensure_future(pipeline.close_spider()))
     doc = pymongo.MongoClient(mongo_uri)[mongo_db]["items"].find_one({"url": "http://good.example/x"})
     assert doc is not None and doc["inner"] == {"words": ["a", "b"]}
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_urls_items_are_found_by_the_id_range_without_an_index_on_fingerprint(mongo_uri: str,
+                                                                                       mongo_db: str) -> None:
+    from product_crawl.pipelines import fingerprint_range
+
+    pipeline = MongoPipeline(mongo_uri, mongo_db, "items", batch_size=100, batch_delay=0.02)
+    await defer.Deferred.fromFuture(asyncio.ensure_future(pipeline.open_spider()))
+    other = dataclasses.replace(item(1), product="蒙牛纯牛奶")  # the same result for another product
+    try:
+        await process_all(pipeline, [item(i) for i in range(5)] + [other])
+    finally:
+        await defer.Deferred.fromFuture(asyncio.ensure_future(pipeline.close_spider()))
+    stored = pymongo.MongoClient(mongo_uri)[mongo_db]["items"]
+    keys = [tuple(k for k, _ in spec["key"]) for spec in stored.index_information().values()]
+    assert ("product", "site") in keys and ("crawled_at",) in keys and ("fingerprint",) not in keys
+    found = stored.find(fingerprint_range("http://good.example/1.html"))
+    assert sorted(d["product"] for d in found) == ["光明高钙牛奶", "蒙牛纯牛奶"]
+    assert [d["rank"] for d in stored.find(fingerprint_range("http://good.example/3.html"))] == [4]
