@@ -149,6 +149,7 @@ class SubtaskScheduler:
         self.queues: dict[str, deque[Request]] = {}
         self._loops: list[Any] = []
         self._idle_since: float | None = None
+        self._worked_at = time.monotonic()  # when the node last finished a subtask (or opened)
         self._closing = False
         self._unsent: dict[str, _Finish] = {}
         self._taken = 0  # takes since the last heartbeat (the pace that sizes the prefetch)
@@ -505,6 +506,7 @@ class SubtaskScheduler:
         self._sending = None
         record_success("finishing subtasks", self._backoffs["finish"])
         self._unsent.pop(sid, None)
+        self._worked_at = time.monotonic()
         r = f.report
         if not accepted:
             self.stats.inc_value("schedext/subtasks/stale_finish")
@@ -534,7 +536,9 @@ class SubtaskScheduler:
             raise DontCloseSpider
         now = time.monotonic()
         if self._idle_since is None:
-            self._idle_since = now
+            # Idle since its last finish, not since this signal: Scrapy sends it every 5 s (its engine's heartbeat),
+            # and counting from the first would keep an idle node open one heartbeat longer than asked.
+            self._idle_since = self._worked_at
         if now - self._idle_since < self.idle_close or self._cluster_has_work():
             raise DontCloseSpider
         logger.info("cluster idle for %.0f s; closing (SCHEDEXT_IDLE_CLOSE)", now - self._idle_since)

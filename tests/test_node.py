@@ -259,3 +259,27 @@ def test_every_blocked_page_of_a_run_is_reported_and_charged(cluster: LocalClust
     sums = json.loads(cluster.redis.hget(cluster.store.keys.est_site("blocked.example"), "node1"))
     assert (sums["pg"], sums["got"], sums["n"]) == (4, 0, 1)
     assert sums["sec"] >= 1.5
+
+
+def test_idle_close_counts_from_the_last_finish_not_from_scrapys_first_idle_signal() -> None:
+    # Scrapy sends spider_idle every 5 s; a node asked to close after 1 idle second, whose last finish was 2 s
+    # ago, closes at the first signal instead of keeping the cluster's process open one more heartbeat.
+    import time
+    from types import SimpleNamespace
+
+    import pytest
+    from scrapy.exceptions import DontCloseSpider
+
+    from scheduler_ext.scheduler import SubtaskScheduler
+
+    def node(finished_ago: float, cluster_work: bool = False) -> SubtaskScheduler:
+        s = SubtaskScheduler.__new__(SubtaskScheduler)
+        s.idle_close, s.tracker, s._unsent, s._idle_since = 1.0, SimpleNamespace(active={}), {}, None
+        s._worked_at = time.monotonic() - finished_ago
+        s._cluster_has_work = lambda: cluster_work  # type: ignore[method-assign]
+        return s
+
+    node(2.0)._on_idle()  # closes: no DontCloseSpider
+    for waiting in (node(0.0), node(2.0, cluster_work=True)):
+        with pytest.raises(DontCloseSpider):
+            waiting._on_idle()
