@@ -623,15 +623,39 @@ class _Decider:
         end = st.first_page + st.page_limit
         if decision is RecallDecision.ABANDON:
             writes = self._advance(report, abandoned=True)
-        elif decision is RecallDecision.REQUEUE and st.first_page < report.next_page < end:
-            # The pages before the failure were crawled and stored: recall only the rest of the slice.
-            rest = replace(st, first_page=report.next_page, page_limit=end - report.next_page)
+        elif decision is RecallDecision.REQUEUE and (st.first_page < report.next_page < end or
+                                                     report.next_page < self._resumed(report) < end):
+            # The pages before the failure were crawled and stored, and so were those in flight with it to the
+            # slice's end: recall only the pages between, and let the task go on after the slice.
+            resume = self._resumed(report)
+            rest = replace(st, first_page=report.next_page, page_limit=resume - report.next_page)
             writes = self._recall_writes(rest, report.node, reason, decision)
+            if resume < end:
+                writes += self._skip_to(st.task, end)
         elif isinstance(decision, RecallDecision):
             writes = self._recall_writes(st, report.node, reason, decision)
         else:
             raise InvalidInput(f"recall strategy returned {decision!r}, expected a RecallDecision")
         return Decision("recall", [e.guard], writes, subject=st.id, dead=int(decision is RecallDecision.DEAD))
+
+    @staticmethod
+    def _resumed(report: Report) -> int:
+        """Where the failed slice's crawled tail starts (its end if unknown or out of the slice)."""
+        st, r = report.subtask, report.resume_page
+        end = st.first_page + st.page_limit
+        return r if r is not None and report.next_page < r < end else end
+
+    def _skip_to(self, task_id: str, page: int) -> list[Write]:
+        """Writes that move a task's next subtask to ``page`` at least (the pages before it are crawled or
+        recalled): none for a task without a usable record."""
+        try:
+            task = self._task(task_id)
+        except InvalidInput:
+            return []
+        if task is None or task.done or task.next_page >= page:
+            return []
+        task = self.tasks[task.id] = replace(task, next_page=page)
+        return [Write.hset(self.k.tasks, task.id, self._record(task))]
 
     def _lapsed(self, lease: LapsedLease) -> Decision | None:
         k, sid = self.k, lease.sid

@@ -6,6 +6,7 @@ Nothing read from Redis is ever unpickled or evaluated: a payload is JSON or it 
 from __future__ import annotations
 
 import json
+from collections.abc import Container
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -108,6 +109,19 @@ class Subtask:
         return cls.from_dict(loads_object(raw, what), what)
 
 
+def resume_page(first_page: int, page_limit: int, done: Container[int]) -> int:
+    """The first page of the slice ``[first_page, first_page + page_limit)`` from which every page to its end is in
+    ``done`` (:attr:`Report.resume_page`).
+
+    >>> resume_page(0, 5, {0, 2, 3, 4}), resume_page(0, 5, {0, 1}), resume_page(3, 2, {3, 4})
+    (2, 5, 3)
+    """
+    page = first_page + page_limit
+    while page > first_page and page - 1 in done:
+        page -= 1
+    return page
+
+
 @dataclass
 class Task:
     """One query (one site, one engine): its pages are crawled one subtask at a time."""
@@ -169,6 +183,9 @@ class Report:
     attempted: int | None = None  # pages whose download started (see the class doc); None: not counted
     blocked: int = 0  # of which answered by a block page
     failed: int = 0  # of which failed otherwise (HTTP, download or spider error)
+    # Every page from this one to the slice's end was crawled (pages in flight when an earlier one failed); the
+    # slice's end if its last page was not. None: not said (a node of an older version).
+    resume_page: int | None = None
 
     @property
     def ok(self) -> bool:
@@ -215,7 +232,7 @@ class Report:
         if obj.get("attempted") is not None and obj["attempted"] < parts:
             raise InvalidInput(f"report: field 'attempted': expected at least pages + blocked + failed ({parts}), "
                                f"got {obj['attempted']!r}")
-        for name in ("reported", "total_pages"):
+        for name in ("reported", "total_pages", "resume_page"):
             _require(obj, name, int, "report", optional=True, check=nonneg, expected="an integer >= 0 or null")
         for name in ("started", "ended"):
             _require(obj, name, (int, float), "report", optional=True, expected="a number of seconds")

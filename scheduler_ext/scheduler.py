@@ -65,7 +65,7 @@ from .config import Config, config_for
 from .connection import redis_from_settings
 from .exceptions import ConfigurationError, InvalidInput
 from .keys import Keys
-from .models import Report, Subtask
+from .models import Report, Subtask, resume_page
 from .politeness import Limits, Politeness
 from .store import Store, load_script
 from .tracker import META_PAGE, META_SID, Active, Tracker, attach
@@ -475,7 +475,7 @@ class SubtaskScheduler:
                         offered=a.offered, collected=a.collected, pages=len(a.pages_done), next_page=next_page,
                         exhausted=exhausted, total_pages=a.total_pages, started=a.started, ended=ended,
                         attempted=len(a.pages_done) + a.blocked + a.failed + a.cut, blocked=a.blocked,
-                        failed=a.failed)
+                        failed=a.failed, resume_page=resume_page(st.first_page, st.page_limit, a.pages_done))
         self._finish(report, a.token)
 
     def _finish(self, report: Report, token: str) -> None:

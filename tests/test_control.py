@@ -283,6 +283,30 @@ def test_a_failed_subtask_is_recalled_from_the_first_page_it_did_not_crawl(store
     assert store.redis.hget(store.keys.node_counters("n1"), "modified") is None
 
 
+def test_a_failed_subtask_whose_later_pages_were_crawled_recalls_only_the_pages_between(store: Store) -> None:
+    # Page 0 failed while pages 1 and 2, in flight with it, were crawled and stored: only page 0 goes back, and
+    # the task's next slice starts after page 2, so no page is crawled twice.
+    inject(store, {"name": "p", "sites": ["a.com"]})
+    store.heartbeat("n1", NODE_INFO, 30, [])
+    control = make_control(store)
+    control.tick()
+    st, token, _ = take(store, "n1")
+    assert (st.first_page, st.page_limit) == (0, 3)
+    report = Report(subtask=st, node="n1", outcome="failed", reason="HTTP 503", offered=20, collected=20, pages=2,
+                    next_page=0, resume_page=1, started=store.now() - 1, ended=store.now())
+    assert Report.from_json(report.to_json()).resume_page == 1
+    store.finish(st.id, token, report.to_json(), node="n1", site=st.site, group=st.group, offered=20,
+                 collected=20, pages=2, seconds=1.0, ok=False, alpha=0.3, runs_maxlen=100)
+    control.tick()
+    again = Subtask.from_json(store.redis.hget(store.keys.subtasks, st.id))
+    assert (again.first_page, again.page_limit, again.attempt) == (0, 1, 1)
+    st2, token2, _ = take(store, "n1")
+    assert finish(store, "n1", st2, token2)
+    control.tick()
+    nxt = Subtask.from_json(store.redis.lindex(store.keys.crawl("n1"), 0))
+    assert (nxt.first_page, nxt.page_limit) == (3, 3)
+
+
 # --- decide, without Redis -----------------------------------------------------------------------------------------
 
 

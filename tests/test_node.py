@@ -43,6 +43,7 @@ def test_subtask_pushed_by_hand_is_crawled_stored_and_reported(cluster: LocalClu
     total = corpus_size(WORDS, "good.example", 0, 40, 60)
     assert report.outcome == "done" and report.node == "node1" and report.reported == total
     assert report.offered == 30 and report.collected == 30 and report.pages == 3 and report.next_page == 3
+    assert report.resume_page == 0  # every page of the slice was crawled
     assert report.ended >= report.started > 0
     items = list(cluster.mongo[cluster.mongo_db]["items"].find({}, {"_id": 0}))
     assert len(items) == 30

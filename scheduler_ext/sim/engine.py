@@ -47,7 +47,7 @@ from typing import Any
 
 from ..control import CountingIds, Decision, Entry, Snapshot, Strategies, decide
 from ..keys import Keys
-from ..models import Report, Subtask, Task
+from ..models import Report, Subtask, Task, resume_page
 from ..strategies import Allocation, Modification, NodeView, Recall
 from .estimates import MemoryEstimates
 from .world import PAGE_SIZE, World
@@ -477,7 +477,8 @@ class Simulation:
         report = Report(subtask=st, node=run.node, outcome=outcome, reason=reason, reported=results,
                         offered=offered, collected=collected, pages=len(done), next_page=next_page,
                         exhausted=exhausted, total_pages=total_pages, started=run.started, ended=ended,
-                        attempted=requests + cut, blocked=blocked, failed=errors)
+                        attempted=requests + cut, blocked=blocked, failed=errors,
+                        resume_page=resume_page(st.first_page, st.page_limit, done))
         self._pending_pages[st.id] = done
         return report, ended
 
