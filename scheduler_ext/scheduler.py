@@ -500,7 +500,7 @@ class SubtaskScheduler:
         return self.store.finish(sid, f.token, r.to_json(), node=self.node_id, site=st.site, group=st.group,
                                  offered=r.offered, collected=r.collected, pages=r.pages, seconds=r.seconds,
                                  ok=r.ok, alpha=self.alpha, runs_maxlen=self.runs_maxlen, attempted=r.charged,
-                                 fail_cost=self.fail_cost)
+                                 fail_cost=self.fail_cost, errors=r.charged - r.pages - r.blocked)
 
     def _sent(self, sid: str, f: _Finish, accepted: bool) -> None:
         self._sending = None

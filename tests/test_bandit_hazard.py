@@ -40,6 +40,18 @@ def test_a_change_seen_late_goes_to_the_burst_already_located() -> None:
     assert h.cumulative(0.0, 95.0) < h.cumulative(95.0, 105.0)
 
 
+def test_a_change_found_stands_for_the_changes_of_the_pairs_not_watched() -> None:
+    h = ChangeHazard(width=5.0)
+    for _ in range(10):  # 10 pairs watched across 100..105 s, one of them changed; the cluster has 40 pairs
+        h.watch(100.0, 105.0)
+    assert math.isclose(h.change(100.0, 105.0) * 40, 4.0)  # so about 4 of the 40 changed (Horvitz-Thompson)
+    for _ in range(30):  # had all 40 been watched, the change would stand for itself
+        h.watch(200.0, 205.0)
+    for _ in range(10):
+        h.watch(200.0, 205.0)
+    assert math.isclose(h.change(200.0, 205.0) * 40, 1.0)
+
+
 def test_change_hazard_without_changes_is_zero_however_long() -> None:
     h = ChangeHazard()
     for t in range(0, 36_000, 7):
@@ -90,9 +102,10 @@ def test_a_change_counts_only_once_the_next_run_confirms_it() -> None:
     assert strategy.hazard.cumulative(0.0, t + 1) > 0.0
 
 
-def explorations_of_stale_pair(burst: bool) -> int:
+def explorations_of_stale_pair(burst: bool, credit: float = 1.0) -> int:
     """Runs of ``stale`` on a.com (measured bad five times by 5 s) the bandit sends over 20 ticks after 100 s, with and
-    without a burst of confirmed changes on other sites between its run and now."""
+    without a burst of confirmed changes on other sites between its run and now; ``credit``: the exploration
+    budget at each of those ticks."""
     strategy = BanditAllocation(seed=3)
     est = MemoryEstimates()
     for t in range(1, 6):
@@ -108,7 +121,7 @@ def explorations_of_stale_pair(burst: bool) -> int:
                                      ("good", "stale", *(f"w{i}" for i in range(8)))], est, float(t))
     sent = 0
     for t in range(100, 120):
-        strategy.credit = 1.0  # the budget is not what is tested
+        strategy.credit = credit
         result = strategy.allocate([subtask(f"s{t}", float(t))], [NodeView(id="good", types=[0], free=0),
                                                                     NodeView(id="stale", types=[0], free=1)],
                                    est, float(t))
@@ -119,3 +132,10 @@ def explorations_of_stale_pair(burst: bool) -> int:
 
 def test_a_burst_of_confirmed_changes_reopens_stale_evidence() -> None:
     assert explorations_of_stale_pair(burst=True) > explorations_of_stale_pair(burst=False)
+
+
+def test_changes_found_grant_explorations_of_stale_pairs_beyond_the_budget() -> None:
+    # With no budget left, the changes found on b.com (4 of its 8 pairs, each standing for the pairs not seen since)
+    # still pay for re-exploring the pair whose evidence predates them; without changes, nothing is explored.
+    assert explorations_of_stale_pair(burst=True, credit=0.0) > 0
+    assert explorations_of_stale_pair(burst=False, credit=0.0) == 0

@@ -43,9 +43,10 @@ def store(redis, prefix: str) -> Store:  # type: ignore[no-untyped-def]
 # --- the estimates are the finish script's ------------------------------------------------------------------------
 
 RUNS = [  # offered, collected, pages, seconds, ok, attempted: good runs, a captcha run (4 block pages in flight), a
-    # change point to bad (a report without counts: charged its pages and the failing one), a timeout (2 pages cut)
+    # change point to bad (a report without counts: charged its pages and the failing one), a timeout (2 pages cut),
+    # a run whose first page failed with an error, 2 more in flight (left out of the share: Sums.err)
     (100, 90, 10, 2.0, True, 10), (50, 47, 5, 1.1, True, 5), (0, 0, 0, 0.4, False, 4), (80, 10, 8, 5.0, False, None),
-    (30, 4, 3, 2.5, True, 5), (0, 0, 0, 6.0, True, 0),
+    (30, 4, 3, 2.5, True, 5), (0, 0, 0, 6.0, True, 0), (0, 0, 0, 0.5, False, 3),
 ]
 
 
@@ -59,16 +60,19 @@ def test_memory_estimates_match_the_finish_script(store: Store) -> None:
         assert taken is not None
         report = Report(subtask=st, node="n1", outcome="done" if ok else "failed", offered=offered,
                         collected=collected, pages=pages)
+        blocked = 4 if i == 2 else 0
+        errors = (pages + (0 if ok else 1) if attempted is None else attempted) - pages - blocked
         assert store.finish(st.id, taken[1], report.to_json(), node="n1", site="a.com", group="milk",
                             offered=offered, collected=collected, pages=pages, seconds=seconds, ok=ok, alpha=0.3,
-                            runs_maxlen=100, attempted=attempted, fail_cost=1.0)
+                            runs_maxlen=100, attempted=attempted, fail_cost=1.0, errors=errors)
         mem.finish(site="a.com", group="milk", node="n1", offered=offered, collected=collected, pages=pages,
-                   seconds=seconds, ok=ok, now=float(i + 1), attempted=attempted)
+                   seconds=seconds, ok=ok, now=float(i + 1), attempted=attempted, blocked=blocked)
         lua = json.loads(store.redis.hget(k.est_site("a.com"), "n1"))
         py = mem.sites["a.com"]["n1"]
         assert py.sums is not None
-        assert (lua["n"], lua["pg"], lua["got"], lua["sec"], lua["fl"], lua.get("cp", 0.0) > 0) == pytest.approx(
-            (py.sums.n, py.sums.pages, py.sums.got, py.sums.sec, py.sums.fl, py.sums.cp > 0)), f"after run {i}"
+        fields = (lua["n"], lua["pg"], lua["got"], lua["sec"], lua["fl"], lua["err"], lua.get("cp", 0.0) > 0)
+        s = py.sums
+        assert fields == pytest.approx((s.n, s.pages, s.got, s.sec, s.fl, s.err, s.cp > 0)), f"after run {i}"
         assert (lua.get("c"), lua.get("spp"), lua["runs"]) == pytest.approx((py.c, py.spp, py.runs))
         group = json.loads(store.redis.hget(k.est_group_site("milk", "a.com"), "n1"))
         assert group["pg"] == pytest.approx(mem.groups[("milk", "a.com")]["n1"].sums.pages)  # type: ignore[union-attr]
@@ -78,8 +82,8 @@ def test_memory_estimates_match_the_finish_script(store: Store) -> None:
     cache = EstimateCache(store)
     got = cache.site_sums("a.com")["n1"]
     mine = mem.site_sums("a.com")["n1"]
-    assert (got.n, got.pages, got.got, got.sec, got.fl) == pytest.approx(
-        (mine.n, mine.pages, mine.got, mine.sec, mine.fl)) and mine.fl > 0
+    assert (got.n, got.pages, got.got, got.sec, got.fl, got.err) == pytest.approx(
+        (mine.n, mine.pages, mine.got, mine.sec, mine.fl, mine.err)) and mine.fl > 0 and mine.err > 0
     assert cache.group_sums("milk", "a.com")["n1"].pages == pytest.approx(mem.group_sums("milk", "a.com")["n1"].pages)
 
 

@@ -802,3 +802,19 @@ def test_posterior_discount_widens_unused_evidence() -> None:
     assert fresh.share < 0.3 < 0.8 < old.share  # ten half-lives later, back near the prior
     assert Posterior.of(None, now=0, half_life=60, theta0=0.9, rho0=10) == Posterior.prior(0.9, 10)
 
+
+
+def test_a_run_failed_by_errors_before_any_page_keeps_the_share_near_the_prior() -> None:
+    # A suited pair's first run: its first page fails with an HTTP error, 5 more were in flight with it.
+    kw = {"pages_done": 0, "failed_pages": 6, "offered": 0, "collected": 0, "seconds": 1.0, "alpha": 0.3,
+          "failed": True, "fail_cost": 1.5}
+    errors = update_sums(None, **kw, error_pages=6)
+    blocked = update_sums(None, **kw)  # the same pages answered by captchas: all charged to the share
+    assert (errors.pages, errors.err, errors.fl, errors.sec) == (6.0, 5.0, 1.0, 2.5)  # time, pages, failure: all
+    post = {name: Posterior.of(s, now=0, half_life=60, theta0=0.9, rho0=5) for name, s in
+            (("errors", errors), ("blocked", blocked))}
+    assert post["errors"].share == pytest.approx((3 * 0.9) / 4)  # only the page that failed counts against it
+    assert post["blocked"].share == pytest.approx((3 * 0.9) / 9)
+    assert post["errors"].pace == post["blocked"].pace  # the pages in flight still took their time
+    # A run that crawled pages before its error is evidence of its share as before.
+    assert update_sums(None, **{**kw, "pages_done": 3, "offered": 30, "collected": 30}, error_pages=6).err == 0.0

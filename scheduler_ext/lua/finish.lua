@@ -33,6 +33,7 @@ finish: end a leased subtask: run record, aggregates, moving estimates, report. 
   ARGV[14] attempted   pages attempted, as the bandit's sums charge them (the report's ``charged``: pages crawled,
                        blocked, failed and cut short by the time limit)
   ARGV[15] failCost    seconds the bandit's sums charge a failed run beyond its own (the recall: 1.5 control ticks)
+  ARGV[16] errors      pages attempted that gave nothing without being blocked (errors, in flight, cut short)
 
 Returns 1 if finished, 0 if the lease is gone or holds another token (counted as stale_finish on the node).
 ]]
@@ -46,6 +47,7 @@ local id, token, report, runsMaxlen, alpha = ARGV[1], ARGV[2], ARGV[3], ARGV[4],
 local pair, offered, collected = ARGV[6], tonumber(ARGV[7]), tonumber(ARGV[8])
 local pages, seconds, ok = tonumber(ARGV[9]), tonumber(ARGV[10]), ARGV[11] == '1'
 local group, node, attempted, failCost = ARGV[12], ARGV[13], tonumber(ARGV[14]), tonumber(ARGV[15]) or 0
+local errors = tonumber(ARGV[16]) or 0
 
 local raw = redis.call('HGET', leaseInfoKey, id)
 local decoded, lease = pcall(cjson.decode, raw or '')
@@ -98,6 +100,11 @@ local function sums(e)
   e.got = k * gt + got
   e.sec = k * sec + math.max(0, seconds) + (ok and 0 or failCost)
   e.fl = k * fl + (ok and 0 or 1)
+  -- A run that crawled no page and failed from errors: the pages in flight with the one that failed are left out
+  -- of the served share (posterior.py, update_sums, err).
+  local err = 0
+  if pages <= 0 then err = math.max(0, math.min(errors, attempted - pages) - 1) end
+  e.err = k * (tonumber(e.err) or 0) + err
 end
 local function estimate(key, withCompletion)
   local old = redis.call('HGET', key, node)

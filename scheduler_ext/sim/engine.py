@@ -509,7 +509,7 @@ class Simulation:
         pair[3] += report.pages
         self.estimates.finish(site=st.site, group=st.group, node=nid, offered=report.offered,
                               collected=report.collected, pages=report.pages, seconds=report.seconds, ok=report.ok,
-                              now=self.now, attempted=report.charged)
+                              now=self.now, attempted=report.charged, blocked=report.blocked)
         (self.reports if report.ok else self.failures).append(report)
         if report.ok and self.wake > 0 and not self._woken:  # the leader waits on its reports between ticks
             self._woken = True

@@ -28,7 +28,9 @@ Per tick, over the window of waiting subtasks the control passes (priority order
    ``Sums.cp``) is drawn from the prior, as untried;
    so is any pair, with probability ``1 - exp(-H)`` for ``H`` the cluster's confirmed changes per pair since it
    was last seen (:class:`ChangeHazard`); a subtask that failed already explores only if no candidate
-   is known to collect anything.
+   is known to collect anything. Such a re-opened pair may also be explored once the budget is out, on what the
+   changes found grant: each confirmed change, as many explorations as the changes it stands for among the
+   cluster's pairs (:meth:`ChangeHazard.change`).
 5. Matching: explorations, then the exploit pairs as the dynamic allocation matches them (aged subtasks first,
    then the highest expected rate, then priority).
 
@@ -93,7 +95,7 @@ class ChangeHazard:
     >>> for i in range(20):  # 20 pairs watched from 0 to 10 s, a quarter of them change
     ...     h.watch(0.0, 10.0)
     ...     if i % 4 == 0:
-    ...         h.change(0.0, 10.0)
+    ...         _ = h.change(0.0, 10.0)
     >>> round(h.cumulative(0.0, 10.0), 3), round(h.cumulative(10.0, 60.0), 3)
     (0.25, 0.0)
     """
@@ -122,16 +124,29 @@ class ChangeHazard:
         """A pair ran at ``t0`` and again at ``t1``: it was watched in between."""
         self._spread(self.watched, t0, t1, None)
 
-    def change(self, t0: float, t1: float) -> None:
-        """The run at ``t1`` of a pair watched since ``t0`` (:meth:`watch` said so already) was a change.
+    def change(self, t0: float, t1: float) -> float:
+        """The run at ``t1`` of a pair watched since ``t0`` (:meth:`watch` said so already) was a change; returns
+        how much it raised the hazard of a pair unseen over the bins it went to.
 
         When in ``[t0, t1]`` it happened is not known (the pair was not run in between): the change is spread over
         the interval's bins in proportion to their watched seconds times the hazard already estimated there (plus
         the average hazard, so that bins without changes yet still get a share). A pair re-probed after 100 s
         then adds its change mostly to the burst that pairs run every second have already located, instead of
-        thinning it over the 100 s (one step of Turnbull's estimator for interval-censored events)."""
+        thinning it over the 100 s (one step of Turnbull's estimator for interval-censored events).
+
+        The pairs watched over a bin are a sample of the cluster's pairs: a change found among ``watched / width``
+        of them stands for ``pairs x width / watched`` changes among ``pairs`` (Horvitz-Thompson). The return
+        value is that ratio without ``pairs``: times the number of pairs, the changes this one stands for, the
+        others not seen yet (:attr:`BanditAllocation.granted`).
+
+        >>> h = ChangeHazard(width=5.0)
+        >>> for i in range(5):  # 5 pairs watched from 0 to 10 s
+        ...     h.watch(0.0, 10.0)
+        >>> round(h.change(0.0, 10.0) * 20, 3)  # one of them changed: if there are 20 pairs, about 4 did
+        4.0
+        """
         if t1 <= t0:
-            return
+            return 0.0
         w = self.width
         watched, changes = self.watched, self.changes
         seen = sum(watched.values())
@@ -144,9 +159,14 @@ class ChangeHazard:
                 here = watched.get(b, 0.0)
                 weights[b] = part * (changes.get(b, 0.0) / here + average) if here > 0 and average > 0 else part
         total = sum(weights.values())
+        rise = 0.0
         for b, x in weights.items():
             changes[b] = changes.get(b, 0.0) + x / total
+            here = watched.get(b, 0.0)
+            if here > 0:
+                rise += x / total * w / here  # the bin's hazard rose by (x / total) / here per second
         self._table = None
+        return rise
 
     def cumulative(self, t0: float, now: float) -> float:
         """Expected changes of treatment of one pair between ``t0`` and ``now`` (bins nobody watched: none)."""
@@ -219,6 +239,9 @@ class BanditAllocation(Allocation):
         self.explore_timeout = explore_timeout
         self.rng = random.Random(seed)
         self.credit: float | None = None  # exploration budget, in runs; starts at one per node
+        # Explorations granted by the changes found (see _watch): spent on pairs whose evidence is stale only
+        self.granted = 0.0
+        self._pairs: dict[str, int] = {}  # site -> pairs with runs on it
         self._exploring: dict[tuple[str, str], float] = {}  # (site, node) -> when an exploration was sent
         self._rankings = Rankings()  # (site, type) -> nodes ranked by expected rate, kept across ticks
         self.explored = 0  # explorations sent (for stats and tests)
@@ -327,7 +350,10 @@ class BanditAllocation(Allocation):
         if pending is not None and new.cp == was.cp:
             t0, t1, before, after = pending
             if abs(share - after) < abs(share - before):
-                self.hazard.change(t0, t1)
+                # The changes this one stands for among the pairs not seen since are so many pairs whose
+                # evidence is wrong: each is worth one exploration, beyond the share of the assignments.
+                pairs = sum(self._pairs.values())
+                self.granted = min(self.granted + self.hazard.change(t0, t1) * pairs, float(pairs))
         if new.cp > was.cp:
             if len(self._unconfirmed) > 65536:
                 self._unconfirmed.clear()
@@ -346,6 +372,7 @@ class BanditAllocation(Allocation):
         else:
             theta0, rho0 = self._prior(sums)
         index = typed.index
+        self._pairs[site] = len(sums)
         if previous is not None:
             old = previous.data[0]
             changed = {nid: new for nid, new in sums.items() if old.get(nid) is not new and nid in index}
@@ -424,7 +451,7 @@ class BanditAllocation(Allocation):
                     return True
             return False
 
-        explore: list[tuple[float, int, bool, Subtask, str]] = []
+        explore: list[tuple[float, int, bool, Subtask, str, bool]] = []
         exploring = self._exploring
         half_life = self.effective_half_life
         hazard = self.hazard
@@ -460,7 +487,7 @@ class BanditAllocation(Allocation):
                     known = site_rates.get(nid)
                 if known is not None and known >= floor and known > 0 or (st.site, nid) in exploring:
                     continue  # exploiting it would do, or it is being explored
-                s = sums.get(nid)
+                s = seen = sums.get(nid)  # s: the evidence drawn from (None: the prior)
                 if s is not None and s.t < site_change(sums):
                     s = None  # tried before the site changed how it treats some node: as good as untried
                 elif s is not None:
@@ -473,7 +500,8 @@ class BanditAllocation(Allocation):
                     continue
                 if draw <= best and busy(nid, self.rate_floor * best):
                     continue  # worth it only for a node with nothing as good to do on the window's sites
-                explore.append((-draw / best if best > 0 else -math.inf, order, best <= 0, st, nid))
+                explore.append((-draw / best if best > 0 else -math.inf, order, best <= 0, st, nid,
+                                seen is not None and s is None))
         return self._match(explore, classes.values(), free, now, len(nodes))
 
     def _class(self, site: _Site, group: str, excluded: set[str], estimates: Estimates, now: float,
@@ -538,19 +566,22 @@ class BanditAllocation(Allocation):
             cls = classes[ck] = _Class(site, set(excluded), finishing, -math.inf, self.rate_floor)
         return cls
 
-    def _match(self, explore: list[tuple[float, int, bool, Subtask, str]], classes: Iterable[_Class],
+    def _match(self, explore: list[tuple[float, int, bool, Subtask, str, bool]], classes: Iterable[_Class],
                free: dict[str, int], now: float, cluster: int) -> list[tuple[Subtask, str]]:
         assigned: set[str] = set()
         result: list[tuple[Subtask, str]] = []
         assert self.credit is not None
         explore.sort(key=operator.itemgetter(0, 1))  # highest draw / best first, then priority
-        for _, _, needed, st, nid in explore:
+        for _, _, needed, st, nid, stale in explore:
             if st.id in assigned or free.get(nid, 0) <= 0 or (st.site, nid) in self._exploring:
                 continue
             if not needed:
-                if self.credit < 1:
+                if self.credit >= 1:
+                    self.credit -= 1
+                elif stale and self.granted >= 1:  # a pair re-opened as changed: what the changes found grant
+                    self.granted -= 1
+                else:
                     continue
-                self.credit -= 1
             self._exploring[(st.site, nid)] = now
             self.explored += 1
             assigned.add(st.id)

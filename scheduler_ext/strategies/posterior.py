@@ -25,7 +25,7 @@ Posterior of the served share ``theta`` (results collected per page attempted, a
 the pace ``rho`` (pages attempted per second), with a weak prior of ``prior_weight`` pages centred on
 ``(theta0, rho0)``:
 
-    theta ~ Beta(w theta0 + got, w (1 - theta0) + pages - got)
+    theta ~ Beta(w theta0 + got, w (1 - theta0) + pages - err - got)
     rho   ~ Gamma(shape = w + pages, rate = w / rho0 + sec)
     rate  = theta x rho                    (page-equivalents of results per second of node time)
 
@@ -62,6 +62,11 @@ CHANGE_PAGES = 3
 #: treatment (suited to unsuited or back), recorded in ``Sums.cp``; the bandit then re-examines the site's other pairs.
 #: Smaller ones (a captcha-heavy pair's runs vary between 0 and 0.6) only restart the pair's own sums.
 CHANGE_SHIFT = 0.5
+# A run that crawled no page and failed from errors (not blocks) is charged to the served share for the page that
+# failed only, not for the pages in flight with it: they offered no results, so they say nothing of how many results
+# the node is served, and a good pair whose first pages fail by bad luck would otherwise need many runs to look good
+# again. They are still charged as time (the pace) and the run as a failure (``fl``, ``fail_cost``). Blocked pages
+# always count in full (a captcha-heavy node must not look good). The pages left out are kept in ``Sums.err``.
 
 
 @dataclass(frozen=True)
@@ -69,8 +74,9 @@ class Sums:
     """The sufficient statistics of one pair, as the finish script keeps them (JSON fields in brackets).
 
     ``n`` [n] runs, ``pages`` [pg] pages attempted, ``got`` [got] page-equivalents collected, ``sec`` [sec]
-    seconds, ``fl`` [fl] failed runs, all weighted (each run multiplies the old sums by ``1 - alpha``); ``t`` [last]
-    the time of the last run; ``cp`` [cp] the time of the last change point (:func:`changed`), 0 if none.
+    seconds, ``fl`` [fl] failed runs, ``err`` [err] pages left out of the served share, all weighted (each run
+    multiplies the old sums by ``1 - alpha``); ``t`` [last] the time of the last run; ``cp`` [cp] the time of the
+    last change point (:func:`changed`), 0 if none.
     """
 
     n: float = 0.0
@@ -80,6 +86,7 @@ class Sums:
     t: float = 0.0
     cp: float = 0.0
     fl: float = 0.0
+    err: float = 0.0
 
     @classmethod
     def from_entry(cls, entry: dict[str, Any]) -> Sums | None:
@@ -89,7 +96,7 @@ class Sums:
         try:
             return cls(float(entry.get("n") or 0), float(entry["pg"]), float(entry.get("got") or 0),
                        float(entry.get("sec") or 0), float(entry.get("last") or 0), float(entry.get("cp") or 0),
-                       float(entry.get("fl") or 0))
+                       float(entry.get("fl") or 0), float(entry.get("err") or 0))
         except (TypeError, ValueError):  # a hand-edited entry: no usable data rather than an exception in a tick
             return None
 
@@ -127,7 +134,8 @@ def changed(old: Sums, attempted: float, got: float) -> bool:
 
 
 def update_sums(old: Sums | None, *, pages_done: int, failed_pages: int, offered: int, collected: int,
-                seconds: float, alpha: float, now: float = 0.0, failed: bool = False, fail_cost: float = 0.0) -> Sums:
+                seconds: float, alpha: float, now: float = 0.0, failed: bool = False, fail_cost: float = 0.0,
+                error_pages: int = 0) -> Sums:
     """The sums after one more run (the finish script's Lua does exactly this): older runs weigh ``1 - alpha``
     less, unless the run is a change point (:func:`changed`), which starts the sums afresh from it.
 
@@ -136,7 +144,11 @@ def update_sums(old: Sums | None, *, pages_done: int, failed_pages: int, offered
     finish script is given 1.5 x ``SCHEDEXT_TICK_INTERVAL``: the control reads the failure and requeues the
     subtask at its next tick, half a tick later on average, and allocates it at the tick after). The rate is
     results per second of the *task's* time, the scarce resource (a task is crawled by one node at a time), and a
-    failed run costs its task more than its own seconds."""
+    failed run costs its task more than its own seconds.
+
+    ``error_pages``: of ``failed_pages``, those that gave nothing without being blocked (``Report.charged - pages -
+    blocked``). If the run crawled no page, all but the first are left out of the served share (``Sums.err``; see
+    the comment above :class:`Sums`): they are charged as time and pages of pace only."""
     attempted = pages_done + failed_pages
     got = page_equivalents(pages_done, offered, collected)
     o = old or Sums()
@@ -145,7 +157,8 @@ def update_sums(old: Sums | None, *, pages_done: int, failed_pages: int, offered
     keep = 0.0 if change else 1.0 - alpha
     return Sums(n=keep * o.n + 1.0, pages=keep * o.pages + attempted, got=keep * o.got + got,
                 sec=keep * o.sec + max(0.0, seconds) + (fail_cost if failed else 0.0), t=now,
-                cp=now if shift else o.cp, fl=keep * o.fl + (1.0 if failed else 0.0))
+                cp=now if shift else o.cp, fl=keep * o.fl + (1.0 if failed else 0.0),
+                err=keep * o.err + (max(0, min(error_pages, failed_pages) - 1) if pages_done <= 0 else 0))
 
 
 @dataclass(frozen=True)
@@ -200,7 +213,7 @@ def params(sums: Sums, *, now: float, half_life: float, theta0: float, rho0: flo
     theta0 = min(0.999, max(0.001, theta0))
     age = now - sums.t
     d = 1.0 if half_life <= 0 or age <= 0 else 2.0 ** (-age / half_life)  # discount(age, half_life), inline
-    got, pages = d * sums.got, d * sums.pages
+    got, pages = d * sums.got, d * (sums.pages - sums.err)
     src = sums if pace is None or pace.pages <= 0 else pace
     dp = d if src is sums else discount(now - src.t, half_life)
     return (weight * theta0 + got, weight * (1 - theta0) + (pages - got if pages > got else 0.0),
@@ -238,9 +251,9 @@ def expected_rates(sums: Mapping[str, Sums], *, now: float, half_life: float, th
     for key, s in sums.items():
         age = now - s.t
         d = 1.0 if half_life <= 0 or age <= 0 else 2.0 ** (-age / half_life)
-        got, pages = d * s.got, d * s.pages
+        got, pages, shown = d * s.got, d * s.pages, d * (s.pages - s.err)
         a = wa + got
-        out[key] = a / (a + (wb + (pages - got if pages > got else 0.0))) * ((weight + pages) / (wr + d * s.sec))
+        out[key] = a / (a + (wb + (shown - got if shown > got else 0.0))) * ((weight + pages) / (wr + d * s.sec))
     return out
 
 
