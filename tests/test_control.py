@@ -261,31 +261,12 @@ def test_corrupt_task_record_does_not_stop_the_loop(store: Store) -> None:
     assert store.redis.hget(store.keys.counters, "corrupt_tasks") == "1"
 
 
-def test_a_failed_subtask_is_recalled_from_the_first_page_it_did_not_crawl(store: Store) -> None:
-    inject(store, {"name": "p", "sites": ["a.com"]})
-    store.heartbeat("n1", NODE_INFO, 30, [])
-    control = make_control(store)
-    control.tick()
-    st, token, _ = take(store, "n1")
-    report = Report(subtask=st, node="n1", outcome="failed", reason="HTTP 503", offered=20, collected=20, pages=2,
-                    next_page=2, started=store.now() - 1, ended=store.now())
-    store.finish(st.id, token, report.to_json(), node="n1", site=st.site, group=st.group, offered=20,
-                 collected=20, pages=2, seconds=1.0, ok=False, alpha=0.3, runs_maxlen=100)
-    control.tick()
-    again = Subtask.from_json(store.redis.hget(store.keys.subtasks, st.id))
-    assert (again.first_page, again.page_limit, again.attempt) == (2, 1, 1)  # pages 0-1 were stored already
-    # Finishing that remainder does not count as a modification: the fixed strategy chose the same limits again.
-    st2, token2, _ = take(store, "n1")
-    assert finish(store, "n1", st2, token2)
-    control.tick()
-    nxt = Subtask.from_json(store.redis.lindex(store.keys.crawl("n1"), 0))
-    assert (nxt.first_page, nxt.page_limit) == (3, 3)
-    assert store.redis.hget(store.keys.node_counters("n1"), "modified") is None
-
-
-def test_a_failed_subtask_whose_later_pages_were_crawled_recalls_only_the_pages_between(store: Store) -> None:
-    # Page 0 failed while pages 1 and 2, in flight with it, were crawled and stored: only page 0 goes back, and
-    # the task's next slice starts after page 2, so no page is crawled twice.
+@pytest.mark.parametrize(("next_page", "resume_page", "requeued"), [
+    (2, None, (2, 1)),  # pages 0-1 were stored already: the rest of the slice goes back
+    (0, 1, (0, 1)),  # page 0 failed while pages 1-2, in flight with it, were stored: only page 0 goes back
+])
+def test_a_failed_subtask_is_recalled_for_the_pages_it_did_not_crawl_only(
+        store: Store, next_page: int, resume_page: int | None, requeued: tuple[int, int]) -> None:
     inject(store, {"name": "p", "sites": ["a.com"]})
     store.heartbeat("n1", NODE_INFO, 30, [])
     control = make_control(store)
@@ -293,18 +274,21 @@ def test_a_failed_subtask_whose_later_pages_were_crawled_recalls_only_the_pages_
     st, token, _ = take(store, "n1")
     assert (st.first_page, st.page_limit) == (0, 3)
     report = Report(subtask=st, node="n1", outcome="failed", reason="HTTP 503", offered=20, collected=20, pages=2,
-                    next_page=0, resume_page=1, started=store.now() - 1, ended=store.now())
-    assert Report.from_json(report.to_json()).resume_page == 1
+                    next_page=next_page, resume_page=resume_page, started=store.now() - 1, ended=store.now())
+    assert Report.from_json(report.to_json()).resume_page == resume_page
     store.finish(st.id, token, report.to_json(), node="n1", site=st.site, group=st.group, offered=20,
                  collected=20, pages=2, seconds=1.0, ok=False, alpha=0.3, runs_maxlen=100)
     control.tick()
     again = Subtask.from_json(store.redis.hget(store.keys.subtasks, st.id))
-    assert (again.first_page, again.page_limit, again.attempt) == (0, 1, 1)
+    assert (again.first_page, again.page_limit, again.attempt) == (*requeued, 1)
+    # The task's next slice starts after the failed one (no page crawled twice). Finishing the remainder does not
+    # count as a modification: the fixed strategy chose the same limits again.
     st2, token2, _ = take(store, "n1")
     assert finish(store, "n1", st2, token2)
     control.tick()
     nxt = Subtask.from_json(store.redis.lindex(store.keys.crawl("n1"), 0))
     assert (nxt.first_page, nxt.page_limit) == (3, 3)
+    assert store.redis.hget(store.keys.node_counters("n1"), "modified") is None
 
 
 # --- decide, without Redis -----------------------------------------------------------------------------------------
