@@ -168,6 +168,7 @@ class _Site:
         self.site, self.ranking, self.free = site, ranking, free
         self.explore_at = 0  # unexplored nodes before this point are full or being explored: skip them for all
         self._free_lists: dict[float, _FreeList] = {}
+        self.memo: dict[str, Any] = {}  # what a strategy keeps per (site, type) for this call (the bandit's retry)
 
     def free_list(self, threshold: float) -> _FreeList:
         """The free explored nodes no slower than ``threshold``, best rate first (shared per threshold)."""

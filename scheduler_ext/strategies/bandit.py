@@ -204,6 +204,53 @@ def group_sums(estimates: Estimates, group: str, site: str) -> Mapping[str, Sums
     return get(group, site) if get is not None else {}
 
 
+class _Weighing:
+    """What the classes of recalled subtasks on one (site, type) weigh, within one allocate call
+    (:meth:`BanditAllocation._retry_class`): the :data:`RETRY_SAMPLE` best-rated candidates and as many best-rated
+    free ones, each at its rate times the probability that its run finishes. Recalled subtasks mostly avoid
+    nodes of their own, so each makes a class of its own; what they share (the free nodes in rank order, each
+    node's probability of finishing) is found once here. The free slots do not change until the matching, so
+    neither does the list of free nodes."""
+
+    def __init__(self, site: _Site) -> None:
+        ranking = site.ranking
+        self.by_rate, self.c, self.sums = ranking.by_rate, ranking.c, ranking.data[0]
+        self.free_list, self.free = site.free_list(math.inf), site.free
+        self.free_ids: list[str] = []  # the free candidates in rank order, as far as asked
+        self.at = self.free_list.first(0, self.free)  # the next free row after them
+        self.finishes: dict[str, float] = {}  # node -> posterior probability that a run of the pair finishes
+
+    def _finishes(self, nid: str) -> float:
+        f = self.finishes.get(nid)
+        if f is None:
+            s = self.sums[nid]
+            f = self.finishes[nid] = 1.0 - (s.fl + 0.5) / (s.n + 1.0)
+        return f
+
+    def weigh(self, excluded: set[str], rates: Mapping[str, float]) -> dict[str, float]:
+        """Node -> its rate (``rates`` where given, else the site's) times the probability its run finishes, for
+        the best-rated candidates not ``excluded`` (busy ones included: late binding) and the best free ones."""
+        c, finishing = self.c, {}
+        for _, _, nid in self.by_rate:
+            if len(finishing) >= RETRY_SAMPLE:
+                break
+            if nid not in excluded:
+                finishing[nid] = rates.get(nid, c[nid]) * self._finishes(nid)
+        i, taken, ids, rows = 0, 0, self.free_ids, self.free_list.rows
+        while taken < RETRY_SAMPLE:
+            if i == len(ids):
+                if self.at >= len(rows):
+                    break
+                ids.append(rows[self.at][2])
+                self.at = self.free_list.first(self.at + 1, self.free)
+            nid = ids[i]
+            i += 1
+            if nid not in excluded:
+                finishing[nid] = rates.get(nid, c[nid]) * self._finishes(nid)
+                taken += 1
+        return finishing
+
+
 class BanditAllocation(Allocation):
     def __init__(self, *, rate_floor: float = 0.6, patience: float = 30.0, explore_share: float = 0.2,
                  half_life: float = 30.0, explore_timeout: float = 60.0, seed: int | None = 0) -> None:
@@ -514,28 +561,11 @@ class BanditAllocation(Allocation):
         ck = ("retry", id(site), frozenset(excluded), *sorted(rates.items()))
         cls = classes.get(ck)
         if cls is None:
-            sums, c, free, ranking = site.ranking.data[0], site.ranking.c, site.free, site.ranking
-            fl = site.free_list(math.inf)
-            rows = fl.rows
-            finishing: dict[str, float] = {}
-
-            def weigh(nid: str) -> None:
-                s = sums[nid]
-                finishing[nid] = rates.get(nid, c[nid]) * (1.0 - (s.fl + 0.5) / (s.n + 1.0))
-
-            for _, _, nid in ranking.by_rate:  # the best, busy ones included (late binding, as for any class)
-                if len(finishing) >= RETRY_SAMPLE:
-                    break
-                if nid not in excluded:
-                    weigh(nid)
-            i, taken = fl.first(0, free), 0
-            while i < len(rows) and taken < RETRY_SAMPLE:  # and the best free ones
-                nid = rows[i][2]
-                if nid not in excluded:
-                    weigh(nid)
-                    taken += 1
-                i = fl.first(i + 1, free)
-            cls = classes[ck] = _Class(site, set(excluded), finishing, -math.inf, self.rate_floor)
+            weighing = site.memo.get("retry")
+            if weighing is None:
+                weighing = site.memo["retry"] = _Weighing(site)
+            cls = classes[ck] = _Class(site, set(excluded), weighing.weigh(excluded, rates), -math.inf,
+                                       self.rate_floor)
         return cls
 
     def _match(self, explore: list[tuple[float, int, bool, Subtask, str]], classes: Iterable[_Class],
