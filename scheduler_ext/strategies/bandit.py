@@ -219,6 +219,8 @@ class _Weighing:
         self.free_ids: list[str] = []  # the free candidates in rank order, as far as asked
         self.at = self.free_list.first(0, self.free)  # the next free row after them
         self.finishes: dict[str, float] = {}  # node -> posterior probability that a run of the pair finishes
+        self.near: set[str] = set()  # the first ``reach`` rows of the ranking and of the free ones
+        self.reach = 0
 
     def _finishes(self, nid: str) -> float:
         f = self.finishes.get(nid)
@@ -227,7 +229,36 @@ class _Weighing:
             f = self.finishes[nid] = 1.0 - (s.fl + 0.5) / (s.n + 1.0)
         return f
 
-    def weigh(self, excluded: set[str], rates: Mapping[str, float]) -> dict[str, float]:
+    def _free_id(self, i: int) -> str | None:
+        """The ``i``-th free candidate in rank order (None past the last)."""
+        ids, rows = self.free_ids, self.free_list.rows
+        while i >= len(ids):
+            if self.at >= len(rows):
+                return None
+            ids.append(rows[self.at][2])
+            self.at = self.free_list.first(self.at + 1, self.free)
+        return ids[i]
+
+    def relevant(self, excluded: set[str]) -> frozenset[str]:
+        """The part of ``excluded`` that :meth:`weigh` can meet: its nodes among the first
+        ``RETRY_SAMPLE + len(excluded)`` of the ranking and of the free candidates, beyond which both walks have
+        found their nodes. Subtasks whose avoided nodes differ only further down (most avoid a node or two) are
+        weighed alike and share a class: ``weigh(relevant(x))`` is ``weigh(x)``. (The rows looked at only grow
+        within a call, and two sets equal on the rows seen when the first was asked are equal on the rows
+        either walk reaches, so the equality holds whichever was asked first.)"""
+        want = RETRY_SAMPLE + len(excluded)
+        if want > self.reach:
+            by_rate, near = self.by_rate, self.near
+            for i in range(self.reach, want):
+                if i < len(by_rate):
+                    near.add(by_rate[i][2])
+                nid = self._free_id(i)
+                if nid is not None:
+                    near.add(nid)
+            self.reach = want
+        return frozenset(excluded.intersection(self.near))
+
+    def weigh(self, excluded: set[str] | frozenset[str], rates: Mapping[str, float]) -> dict[str, float]:
         """Node -> its rate (``rates`` where given, else the site's) times the probability its run finishes, for
         the best-rated candidates not ``excluded`` (busy ones included: late binding) and the best free ones."""
         c, finishing = self.c, {}
@@ -236,14 +267,11 @@ class _Weighing:
                 break
             if nid not in excluded:
                 finishing[nid] = rates.get(nid, c[nid]) * self._finishes(nid)
-        i, taken, ids, rows = 0, 0, self.free_ids, self.free_list.rows
+        i, taken = 0, 0
         while taken < RETRY_SAMPLE:
-            if i == len(ids):
-                if self.at >= len(rows):
-                    break
-                ids.append(rows[self.at][2])
-                self.at = self.free_list.first(self.at + 1, self.free)
-            nid = ids[i]
+            nid = self._free_id(i)
+            if nid is None:
+                break
             i += 1
             if nid not in excluded:
                 finishing[nid] = rates.get(nid, c[nid]) * self._finishes(nid)
@@ -558,14 +586,22 @@ class BanditAllocation(Allocation):
         finishes a run: it ranks last, where by rate alone it ranked above a slow node that does finish.
         The :data:`RETRY_SAMPLE` best-rated candidates (busy ones included: late binding) and as many best-rated
         free ones are weighed; the floor and patience apply to the products, as for any class."""
-        ck = ("retry", id(site), frozenset(excluded), *sorted(rates.items()))
+        weighing = site.memo.get("retry")
+        if weighing is None:
+            weighing = site.memo["retry"] = _Weighing(site)
+        relevant = weighing.relevant(excluded)  # subtasks avoiding different nodes mostly weigh alike
+        ordered = sorted(rates.items())
+        ck = ("retry", id(site), relevant, *ordered)
         cls = classes.get(ck)
         if cls is None:
-            weighing = site.memo.get("retry")
-            if weighing is None:
-                weighing = site.memo["retry"] = _Weighing(site)
-            cls = classes[ck] = _Class(site, set(excluded), weighing.weigh(excluded, rates), -math.inf,
+            cls = classes[ck] = _Class(site, set(relevant), weighing.weigh(relevant, rates), -math.inf,
                                        self.rate_floor)
+        if cls.top <= 0 and len(relevant) < len(excluded):  # such a class explores: it must skip all it avoids
+            ck = ("retry", id(site), frozenset(excluded), *ordered)
+            cls = classes.get(ck)
+            if cls is None:
+                cls = classes[ck] = _Class(site, set(excluded), weighing.weigh(relevant, rates), -math.inf,
+                                           self.rate_floor)
         return cls
 
     def _match(self, explore: list[tuple[float, int, bool, Subtask, str]], classes: Iterable[_Class],
