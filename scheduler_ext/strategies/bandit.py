@@ -488,8 +488,16 @@ class BanditAllocation(Allocation):
         tops = sorted(((-r.by_rate[0][0], i, r) for i, r in enumerate(s.ranking for s in sites.values())
                        if r.by_rate), reverse=True)
 
+        answers: dict[tuple[str, float], bool] = {}  # the subtasks of a class ask about the same nodes
+
         def busy(nid: str, rate: float) -> bool:
             """True if ``nid`` has an expected rate of at least ``rate`` on one of the window's sites (classes)."""
+            hit = answers.get((nid, rate))
+            if hit is None:
+                hit = answers[(nid, rate)] = _busy(nid, rate)
+            return hit
+
+        def _busy(nid: str, rate: float) -> bool:
             if overridden.get(nid, 0.0) >= rate:
                 return True
             for top, _, r in tops:  # best site first: stop at the first whose best node is below ``rate``
@@ -514,10 +522,16 @@ class BanditAllocation(Allocation):
                 hit = changes[id(sums)] = (sums, max((s_.cp for s_ in sums.values()), default=0.0))
             return hit[1]
 
+        # One Thompson draw per pair (and pace: the product's runs there) per call, shared by the subtasks of the
+        # window that weigh the pair (see the class doc: a draw per pair and decision, not per subtask).
+        drawn: dict[tuple[int, str, int], float] = {}
+        broke = self.credit < 1  # _match sends no exploration that needs budget this call: none is drawn
         for order, st, cls in window:
             if st.attempt > 0 and cls.top > 0:
                 continue  # a subtask that failed already must not risk another recall on a pair being tried,
                 # unless no candidate is known to collect anything (it would wait for its patience, or forever)
+            if broke and cls.top > 0:
+                continue  # an exploration here would need budget: no draw of its could change a decision
             best = cls.top
             floor = self.rate_floor * best
             if now - st.since >= self.patience:
@@ -535,15 +549,19 @@ class BanditAllocation(Allocation):
                     known = site_rates.get(nid)
                 if known is not None and known >= floor and known > 0 or (st.site, nid) in exploring:
                     continue  # exploiting it would do, or it is being explored
-                s = sums.get(nid)
-                if s is not None and s.t < site_change(sums):
-                    s = None  # tried before the site changed how it treats some node: as good as untried
-                elif s is not None:
-                    lost = hazard.cumulative(s.t, now)  # expected changes since it was last seen
-                    if lost > 0 and self.rng.random() >= math.exp(-lost):
-                        s = None  # it changed since it was seen, by how often the cluster's pairs did: untried
-                draw = prior.sample(self.rng) if s is None else draw_rate(
-                    self.rng, s, now=now, half_life=half_life, theta0=theta0, rho0=rho0, pace=cls.posts.get(nid))
+                pace = cls.posts.get(nid)
+                key = (id(cls.site), nid, id(pace))
+                draw = drawn.get(key)
+                if draw is None:
+                    s = sums.get(nid)
+                    if s is not None and s.t < site_change(sums):
+                        s = None  # tried before the site changed how it treats some node: as good as untried
+                    elif s is not None:
+                        lost = hazard.cumulative(s.t, now)  # expected changes since it was last seen
+                        if lost > 0 and self.rng.random() >= math.exp(-lost):
+                            s = None  # it changed since it was seen, by how often the cluster's pairs did: untried
+                    draw = drawn[key] = prior.sample(self.rng) if s is None else draw_rate(
+                        self.rng, s, now=now, half_life=half_life, theta0=theta0, rho0=rho0, pace=pace)
                 if draw <= self.rate_floor * best:
                     continue
                 if draw <= best and busy(nid, self.rate_floor * best):
