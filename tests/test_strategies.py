@@ -810,6 +810,26 @@ def test_bandit_draws_each_pair_once_per_call_and_not_without_budget(monkeypatch
     assert calls == []
 
 
+@pytest.mark.parametrize("seed", range(10))
+def test_bandit_ranking_updated_in_place_is_the_sorted_one(seed: int) -> None:
+    # Runs of a few nodes change between calls: their rows move in the kept ranking, which stays what sorting
+    # every node's expected rate gives.
+    rng = random.Random(seed)
+    est = SumsEstimates()
+    ids = [f"n{i}" for i in range(50)]
+    for nid in ids:
+        est.runs("a.com", nid, (rng.randint(1, 10), 100, rng.randint(0, 95), rng.uniform(0.5, 4.0), True))
+    strategy = BanditAllocation(seed=seed)
+    nodes = [node(nid, 0) for nid in ids[:-1]] + [node(ids[-1], 1)]
+    for _ in range(20):
+        for nid in rng.sample(ids, rng.randint(1, 5)):
+            est.runs("a.com", nid, (rng.randint(1, 10), 100, rng.randint(0, 95), rng.uniform(0.5, 4.0), True))
+            est.sums["a.com"] = dict(est.sums["a.com"])  # a new mapping on change, as the control's cache makes
+        strategy.allocate([st("s1")], nodes, est, NOW)
+        (_, _, ranking), = strategy._rankings._kept.values()
+        assert ranking.by_rate == sorted((-v, ranking.index[n], n) for n, v in ranking.c.items())
+
+
 def test_bandit_exploits_what_the_evidence_says_however_old() -> None:
     # n2 was measured bad five minutes ago. Its evidence has faded (its draws may explore it again), but its
     # expected rate is still the measured one: without exploration budget it never gets a subtask.

@@ -76,7 +76,8 @@ class _Ranking:
     ``data``: what the strategy keeps beside it (the bandit: the site's sums and prior)."""
 
     def __init__(self, typed: _Typed, c: dict[str, float], spp: dict[str, float],
-                 unexplored: list[str], valid_until: float, data: Any = None) -> None:
+                 unexplored: list[str], valid_until: float, data: Any = None,
+                 by_rate: list[tuple[float, int, str]] | None = None) -> None:
         self.ids, self.index = typed.ids, typed.index
         self.c = c  # explored nodes -> completion
         self.spp = spp  # explored nodes -> site-wide seconds per page (as used in a rate)
@@ -84,7 +85,9 @@ class _Ranking:
         self.valid_until = valid_until  # when the ranking must be rebuilt (an estimate goes stale)
         self.data = data
         index = self.index
-        self.by_rate = sorted([(-(v / max(spp[n], _MIN_SPP)), index[n], n) for n, v in c.items()])
+        # ``by_rate``: the same rows already sorted (a strategy that moved a few rows of the previous ranking)
+        self.by_rate = by_rate if by_rate is not None else sorted(
+            [(-(v / max(spp[n], _MIN_SPP)), index[n], n) for n, v in c.items()])
         self._by_spp: list[tuple[float, int, str]] | None = None
         self._under: dict[float, list[tuple[float, int, str]]] = {}
 

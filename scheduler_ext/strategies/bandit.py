@@ -49,6 +49,7 @@ Settings: ``SCHEDEXT_RATE_FLOOR``, ``SCHEDEXT_PATIENCE``, ``SCHEDEXT_EXPLORE_SHA
 
 from __future__ import annotations
 
+import bisect
 import functools
 import math
 import operator
@@ -69,6 +70,8 @@ EXPLORE_SAMPLE = 8
 #: towards the optimistic prior, or a pair measured bad minutes ago would be exploited again, without budget and
 #: by recalled subtasks too (on the benchmarks' captcha family, the blocked nodes came back every minute or two).
 EXPLOIT = 0.0
+#: Nodes re-rated at most for a ranking to be updated in place (their rows moved) rather than sorted again.
+RERANK = 64
 #: Free candidates a recalled subtask's class weighs (the best-rated first): bounds its cost at any scale.
 RETRY_SAMPLE = 16
 #: Width of the time bins of :class:`ChangeHazard`, in seconds: its resolution in time (a burst of changes is
@@ -430,14 +433,27 @@ class BanditAllocation(Allocation):
                     self.exposure += new.t - was.t
                     self.changes += new.cp > was.cp
                     self._watch(site, nid, was, new)
+        by_rate = None
         if previous is not None and previous.data[1:3] == (theta0, rho0):
             c = {nid: r for nid, r in previous.c.items() if nid in sums}
-            c.update(expected_rates(changed, now=now, half_life=EXPLOIT, theta0=theta0, rho0=rho0))
+            fresh = expected_rates(changed, now=now, half_life=EXPLOIT, theta0=theta0, rho0=rho0)
+            if len(c) == len(previous.c) and len(fresh) <= RERANK:
+                # A few nodes re-rated: move their rows (the same rows _Ranking sorts: spp 1) instead of sorting
+                by_rate = previous.by_rate.copy()
+                for nid, r in fresh.items():
+                    if nid in c:
+                        i = bisect.bisect_left(by_rate, (-c[nid], index[nid], nid))
+                        if i == len(by_rate) or by_rate[i][2] != nid:
+                            by_rate = None  # not the row expected: sort them all (never seen; a safety net)
+                            break
+                        del by_rate[i]
+                    bisect.insort(by_rate, (-r, index[nid], nid))
+            c.update(fresh)
         else:
             c = expected_rates({nid: s for nid, s in sums.items() if nid in index}, now=now,
                                half_life=EXPLOIT, theta0=theta0, rho0=rho0)
         return _Ranking(typed, c, dict.fromkeys(c, 1.0), [], math.inf,
-                        (sums, theta0, rho0, now, Posterior.prior(theta0, rho0)))
+                        (sums, theta0, rho0, now, Posterior.prior(theta0, rho0)), by_rate=by_rate)
 
     def allocate(self, subtasks: Sequence[Subtask], nodes: Sequence[NodeView], estimates: Estimates,
                  now: float) -> list[tuple[Subtask, str]]:
