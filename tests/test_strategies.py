@@ -791,26 +791,6 @@ def test_bandit_weighs_recalled_subtasks_as_the_plain_weighing_does(seed: int) -
     assert BanditAllocation(seed=seed).allocate(window, nodes, est, NOW) == plain
 
 
-def test_bandit_draws_each_pair_once_per_call_and_not_without_budget(monkeypatch: pytest.MonkeyPatch) -> None:
-    # Ten subtasks of one product on a.com weigh the same free node n2 (measured poor): one Thompson draw of the
-    # pair serves them all in a call (a draw per pair and decision). Without budget, no draw at all: an exploration
-    # on a site with a known node needs budget, so no draw could change the decision.
-    est = (SumsEstimates().runs("a.com", "n1", GOOD, GOOD, GOOD)
-           .runs("a.com", "n2", *[(10, 100, 40, 6.0, True)] * 2, at=NOW - 30))
-    calls: list[str] = []
-    real = bandit_module.draw_rate
-    monkeypatch.setattr(bandit_module, "draw_rate", lambda rng, s, **kw: calls.append("d") or real(rng, s, **kw))
-    window = [st(f"s{i}") for i in range(10)]
-    strategy = BanditAllocation(seed=1)
-    strategy.allocate(window, [node("n1", 0), node("n2", 3)], est, NOW)
-    assert len(calls) == 1
-    calls.clear()
-    strategy.credit = 0.0
-    strategy.allocate(window, [node("n1", 0), node("n2", 3)], est, NOW)
-    assert calls == []
-
-
-@pytest.mark.parametrize("seed", range(10))
 def test_bandit_ranking_updated_in_place_is_the_sorted_one(seed: int) -> None:
     # Runs of a few nodes change between calls: their rows move in the kept ranking, which stays what sorting
     # every node's expected rate gives.

@@ -39,9 +39,10 @@ Cost per tick: the paper's allocation's mechanism (:class:`~scheduler_ext.strate
 classes and greedy): each (site, node type) ranks its nodes by expected rate once and keeps that ranking until the
 site's sums change (the sums mapping of a site is replaced on change: copy on write), then re-rates only the nodes
 whose sums changed. The exploiting rates are not discounted by time (:data:`EXPLOIT`), so nothing expires with the
-clock; subtasks that rank nodes alike share a class; at most ``EXPLORE_SAMPLE`` draws per subtask, and
-``2 x RETRY_SAMPLE`` nodes weighed per class of recalled subtasks. O(free slots + what changed) per tick; no
-(subtask x node) product.
+clock; a ranking where a few nodes were re-rated moves their rows instead of sorting again; subtasks that rank
+nodes alike share a class; at most ``EXPLORE_SAMPLE`` draws per subtask, and
+``2 x RETRY_SAMPLE`` nodes weighed per class of recalled subtasks, whose avoided nodes count only where the
+weighing reaches them (:class:`_Weighing`). O(free slots + what changed) per tick; no (subtask x node) product.
 
 Settings: ``SCHEDEXT_RATE_FLOOR``, ``SCHEDEXT_PATIENCE``, ``SCHEDEXT_EXPLORE_SHARE``, ``SCHEDEXT_ESTIMATE_HALF_LIFE``,
 ``SCHEDEXT_RECALL_THRESHOLD`` (how long an exploration counts as in flight), ``SCHEDEXT_BANDIT_SEED``.
@@ -538,16 +539,10 @@ class BanditAllocation(Allocation):
                 hit = changes[id(sums)] = (sums, max((s_.cp for s_ in sums.values()), default=0.0))
             return hit[1]
 
-        # One Thompson draw per pair (and pace: the product's runs there) per call, shared by the subtasks of the
-        # window that weigh the pair (see the class doc: a draw per pair and decision, not per subtask).
-        drawn: dict[tuple[int, str, int], float] = {}
-        broke = self.credit < 1  # _match sends no exploration that needs budget this call: none is drawn
         for order, st, cls in window:
             if st.attempt > 0 and cls.top > 0:
                 continue  # a subtask that failed already must not risk another recall on a pair being tried,
                 # unless no candidate is known to collect anything (it would wait for its patience, or forever)
-            if broke and cls.top > 0:
-                continue  # an exploration here would need budget: no draw of its could change a decision
             best = cls.top
             floor = self.rate_floor * best
             if now - st.since >= self.patience:
@@ -565,19 +560,15 @@ class BanditAllocation(Allocation):
                     known = site_rates.get(nid)
                 if known is not None and known >= floor and known > 0 or (st.site, nid) in exploring:
                     continue  # exploiting it would do, or it is being explored
-                pace = cls.posts.get(nid)
-                key = (id(cls.site), nid, id(pace))
-                draw = drawn.get(key)
-                if draw is None:
-                    s = sums.get(nid)
-                    if s is not None and s.t < site_change(sums):
-                        s = None  # tried before the site changed how it treats some node: as good as untried
-                    elif s is not None:
-                        lost = hazard.cumulative(s.t, now)  # expected changes since it was last seen
-                        if lost > 0 and self.rng.random() >= math.exp(-lost):
-                            s = None  # it changed since it was seen, by how often the cluster's pairs did: untried
-                    draw = drawn[key] = prior.sample(self.rng) if s is None else draw_rate(
-                        self.rng, s, now=now, half_life=half_life, theta0=theta0, rho0=rho0, pace=pace)
+                s = sums.get(nid)
+                if s is not None and s.t < site_change(sums):
+                    s = None  # tried before the site changed how it treats some node: as good as untried
+                elif s is not None:
+                    lost = hazard.cumulative(s.t, now)  # expected changes since it was last seen
+                    if lost > 0 and self.rng.random() >= math.exp(-lost):
+                        s = None  # it changed since it was seen, by how often the cluster's pairs did: untried
+                draw = prior.sample(self.rng) if s is None else draw_rate(
+                    self.rng, s, now=now, half_life=half_life, theta0=theta0, rho0=rho0, pace=cls.posts.get(nid))
                 if draw <= self.rate_floor * best:
                     continue
                 if draw <= best and busy(nid, self.rate_floor * best):
