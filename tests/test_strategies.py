@@ -791,6 +791,7 @@ def test_bandit_weighs_recalled_subtasks_as_the_plain_weighing_does(seed: int) -
     assert BanditAllocation(seed=seed).allocate(window, nodes, est, NOW) == plain
 
 
+@pytest.mark.parametrize("seed", range(10))
 def test_bandit_ranking_updated_in_place_is_the_sorted_one(seed: int) -> None:
     # Runs of a few nodes change between calls: their rows move in the kept ranking, which stays what sorting
     # every node's expected rate gives.
