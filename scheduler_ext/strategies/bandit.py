@@ -265,7 +265,8 @@ class _Weighing:
     def weigh(self, excluded: set[str] | frozenset[str], rates: Mapping[str, float]) -> dict[str, float]:
         """Node -> its rate (``rates`` where given, else the site's) times the probability its run finishes, for
         the best-rated candidates not ``excluded`` (busy ones included: late binding) and the best free ones."""
-        c, finishing = self.c, {}
+        c: dict[str, float] = self.c
+        finishing: dict[str, float] = {}
         for _, _, nid in self.by_rate:
             if len(finishing) >= RETRY_SAMPLE:
                 break
@@ -273,12 +274,12 @@ class _Weighing:
                 finishing[nid] = rates.get(nid, c[nid]) * self._finishes(nid)
         i, taken = 0, 0
         while taken < RETRY_SAMPLE:
-            nid = self._free_id(i)
-            if nid is None:
+            free_id = self._free_id(i)
+            if free_id is None:
                 break
             i += 1
-            if nid not in excluded:
-                finishing[nid] = rates.get(nid, c[nid]) * self._finishes(nid)
+            if free_id not in excluded:
+                finishing[free_id] = rates.get(free_id, c[free_id]) * self._finishes(free_id)
                 taken += 1
         return finishing
 
