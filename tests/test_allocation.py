@@ -12,12 +12,13 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Sequence
+from typing import Any
 
 import pytest
 
 from scheduler_ext.models import Subtask
 from scheduler_ext.strategies import Estimate, Estimates, NodeView
-from scheduler_ext.strategies.allocation import DynamicAllocation, Rankings
+from scheduler_ext.strategies.allocation import DynamicAllocation, Rankings, SharedAllocation
 from scheduler_ext.strategies.bandit import BanditAllocation
 from scheduler_ext.strategies.posterior import Sums, update_sums
 
@@ -167,3 +168,36 @@ def test_bandit_kept_rankings_choose_what_fresh_ones_do(seed: int) -> None:
         assert got == [(s.id, n) for s, n in fresh.allocate(subtasks, nodes, est, now)]
         for _ in range(rng.randint(1, 5)):  # runs finish between ticks: their sites' sums are new mappings
             est.run(rng, rng.choice(sites), f"g{rng.randint(0, 3)}", rng.choice(nodes).id, now)
+
+
+class _PlainShared(SharedAllocation):
+    """The shared queue as first written: every node of the subtask's type looked at for every subtask (the
+    specification of :meth:`SharedAllocation.allocate`)."""
+
+    def allocate(self, subtasks: Any, nodes: Any, estimates: Any, now: float) -> list[tuple[Subtask, str]]:
+        free = {n.id: n.free for n in nodes if n.free > 0}
+        result = []
+        for st in subtasks:
+            typed = [n for n in nodes if st.type in n.types]
+            typed = [n for n in ([n for n in typed if n.id not in st.avoid] or typed) if free.get(n.id, 0) > 0]
+            if not typed:
+                continue
+            self._turn += 1
+            node = typed[self._turn % len(typed)]
+            free[node.id] -= 1
+            result.append((st, node.id))
+        return result
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_shared_allocation_chooses_what_the_plain_rotation_does(seed: int) -> None:
+    rng = random.Random(seed)
+    ids = [f"n{i}" for i in range(rng.randint(1, 30))]
+    nodes = [NodeView(id=nid, types=rng.choice([[0], [1], [0, 1]]), free=rng.choice([0, 0, 1, 2, 3])) for nid in ids]
+    window = [Subtask(id=f"s{i}", task=f"t{i}", site="a.com", first_page=0, page_limit=5, time_limit=30.0,
+                      type=rng.choice([0, 1]), avoid=rng.sample(ids, min(len(ids), rng.choice([0, 0, 1, 2, len(ids)]))))
+              for i in range(rng.randint(1, 60))]
+    fast, plain = SharedAllocation(), _PlainShared()
+    for _ in range(3):  # the rotation carries over calls
+        assert [(s.id, n) for s, n in fast.allocate(window, nodes, None, 0.0)] == \
+            [(s.id, n) for s, n in plain.allocate(window, nodes, None, 0.0)]

@@ -745,6 +745,72 @@ def test_bandit_sends_a_recalled_subtask_to_a_node_that_finishes_runs() -> None:
     assert assigned(BanditAllocation().allocate([recalled], nodes, est, NOW)) == {"s1": "n3"}
 
 
+class _PlainRetryBandit(BanditAllocation):
+    """The bandit with the plain weighing of a recalled subtask's class: every class walks the ranking and the
+    free list itself (the specification that :class:`bandit._Weighing` shares between classes)."""
+
+    def _retry_class(self, site: Any, excluded: set[str], rates: dict[str, float], classes: dict[Any, Any]) -> Any:
+        ck = ("retry", id(site), frozenset(excluded), *sorted(rates.items()))
+        if ck not in classes:
+            sums, c, fl = site.ranking.data[0], site.ranking.c, site.free_list(float("inf"))
+            finishing: dict[str, float] = {}
+
+            def weigh(nid: str) -> None:
+                finishing[nid] = rates.get(nid, c[nid]) * (1.0 - (sums[nid].fl + 0.5) / (sums[nid].n + 1.0))
+
+            for _, _, nid in site.ranking.by_rate:
+                if len(finishing) >= bandit_module.RETRY_SAMPLE:
+                    break
+                if nid not in excluded:
+                    weigh(nid)
+            i, taken = fl.first(0, site.free), 0
+            while i < len(fl.rows) and taken < bandit_module.RETRY_SAMPLE:
+                if fl.rows[i][2] not in excluded:
+                    weigh(fl.rows[i][2])
+                    taken += 1
+                i = fl.first(i + 1, site.free)
+            classes[ck] = bandit_module._Class(site, set(excluded), finishing, float("-inf"), self.rate_floor)
+        return classes[ck]
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_bandit_weighs_recalled_subtasks_as_the_plain_weighing_does(seed: int) -> None:
+    # Many recalled subtasks on one site, each avoiding nodes of its own (a class each), over 60 nodes that finish
+    # their runs more or less often, a few of them free: the shared weighing makes exactly the plain one's choice.
+    rng = random.Random(seed)
+    est = SumsEstimates()
+    ids = [f"n{i}" for i in range(60)]
+    for nid in ids:
+        est.runs("a.com", nid, *[(rng.randint(1, 10), 100, rng.randint(0, 95), rng.uniform(0.5, 4.0),
+                                  rng.random() < 0.7) for _ in range(rng.randint(1, 6))])
+    nodes = [node(nid, rng.choice([0, 0, 0, 1, 2])) for nid in ids]
+    window = [replace(st(f"s{i}"), attempt=rng.randint(1, 3), avoid=rng.sample(ids, rng.randint(0, 20)))
+              for i in range(40)]
+    plain = _PlainRetryBandit(seed=seed).allocate(window, nodes, est, NOW)
+    assert plain
+    assert BanditAllocation(seed=seed).allocate(window, nodes, est, NOW) == plain
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_bandit_ranking_updated_in_place_is_the_sorted_one(seed: int) -> None:
+    # Runs of a few nodes change between calls: their rows move in the kept ranking, which stays what sorting
+    # every node's expected rate gives.
+    rng = random.Random(seed)
+    est = SumsEstimates()
+    ids = [f"n{i}" for i in range(50)]
+    for nid in ids:
+        est.runs("a.com", nid, (rng.randint(1, 10), 100, rng.randint(0, 95), rng.uniform(0.5, 4.0), True))
+    strategy = BanditAllocation(seed=seed)
+    nodes = [node(nid, 0) for nid in ids[:-1]] + [node(ids[-1], 1)]
+    for _ in range(20):
+        for nid in rng.sample(ids, rng.randint(1, 5)):
+            est.runs("a.com", nid, (rng.randint(1, 10), 100, rng.randint(0, 95), rng.uniform(0.5, 4.0), True))
+            est.sums["a.com"] = dict(est.sums["a.com"])  # a new mapping on change, as the control's cache makes
+        strategy.allocate([st("s1")], nodes, est, NOW)
+        (_, _, ranking), = strategy._rankings._kept.values()
+        assert ranking.by_rate == sorted((-v, ranking.index[n], n) for n, v in ranking.c.items())
+
+
 def test_bandit_exploits_what_the_evidence_says_however_old() -> None:
     # n2 was measured bad five minutes ago. Its evidence has faded (its draws may explore it again), but its
     # expected rate is still the measured one: without exploration budget it never gets a subtask.

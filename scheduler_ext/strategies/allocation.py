@@ -76,7 +76,8 @@ class _Ranking:
     ``data``: what the strategy keeps beside it (the bandit: the site's sums and prior)."""
 
     def __init__(self, typed: _Typed, c: dict[str, float], spp: dict[str, float],
-                 unexplored: list[str], valid_until: float, data: Any = None) -> None:
+                 unexplored: list[str], valid_until: float, data: Any = None,
+                 by_rate: list[tuple[float, int, str]] | None = None) -> None:
         self.ids, self.index = typed.ids, typed.index
         self.c = c  # explored nodes -> completion
         self.spp = spp  # explored nodes -> site-wide seconds per page (as used in a rate)
@@ -84,7 +85,9 @@ class _Ranking:
         self.valid_until = valid_until  # when the ranking must be rebuilt (an estimate goes stale)
         self.data = data
         index = self.index
-        self.by_rate = sorted([(-(v / max(spp[n], _MIN_SPP)), index[n], n) for n, v in c.items()])
+        # ``by_rate``: the same rows already sorted (a strategy that moved a few rows of the previous ranking)
+        self.by_rate = by_rate if by_rate is not None else sorted(
+            [(-(v / max(spp[n], _MIN_SPP)), index[n], n) for n, v in c.items()])
         self._by_spp: list[tuple[float, int, str]] | None = None
         self._under: dict[float, list[tuple[float, int, str]]] = {}
 
@@ -168,6 +171,7 @@ class _Site:
         self.site, self.ranking, self.free = site, ranking, free
         self.explore_at = 0  # unexplored nodes before this point are full or being explored: skip them for all
         self._free_lists: dict[float, _FreeList] = {}
+        self.memo: dict[str, Any] = {}  # what a strategy keeps per (site, type) for this call (the bandit's retry)
 
     def free_list(self, threshold: float) -> _FreeList:
         """The free explored nodes no slower than ``threshold``, best rate first (shared per threshold)."""
@@ -475,16 +479,39 @@ class SharedAllocation(Allocation):
 
     def allocate(self, subtasks: Sequence[Subtask], nodes: Sequence[NodeView], estimates: Estimates,
                  now: float) -> list[tuple[Subtask, str]]:
+        """Each subtask in turn to the next free candidate in rotation: its type's free nodes in node order
+        (without the ones it avoids, unless it avoids every live node of its type), the ``turn``-th of them.
+        The free nodes of each type are listed once and a node leaves the list when it fills: a subtask costs
+        what it avoids, not the cluster's nodes."""
         free = {n.id: n.free for n in nodes if n.free > 0}
+        by_type: dict[int, tuple[list[str], set[str]]] = {}  # type -> (its free nodes in node order, all its nodes)
         result = []
         for st in subtasks:
-            typed = [n for n in _candidates(st, nodes) if free.get(n.id, 0) > 0]
-            if not typed:
-                continue
-            self._turn += 1
-            node = typed[self._turn % len(typed)]  # rotate so that no node is always first in line
-            free[node.id] -= 1
-            result.append((st, node.id))
+            listed = by_type.get(st.type)
+            if listed is None:
+                typed = [n.id for n in nodes if st.type in n.types]
+                listed = by_type[st.type] = ([nid for nid in typed if free.get(nid, 0) > 0], set(typed))
+            candidates, every = listed
+            avoided = [nid for nid in st.avoid if nid in every] if st.avoid else []
+            if avoided and len(set(avoided)) < len(every):  # others are alive: the avoided ones are left out
+                skip = set(avoided)
+                count = len(candidates) - sum(1 for nid in skip if free.get(nid, 0) > 0)
+                if not count:
+                    continue
+                self._turn += 1
+                k = self._turn % count  # the k-th free candidate it does not avoid
+                nid = next(nid for nid in candidates if nid not in skip and (k := k - 1) < 0)
+            else:
+                if not candidates:
+                    continue
+                self._turn += 1
+                nid = candidates[self._turn % len(candidates)]  # rotate so that no node is always first in line
+            free[nid] -= 1
+            if not free[nid]:
+                for typed_free, every in by_type.values():  # it leaves every type's list it is on
+                    if nid in every:
+                        typed_free.remove(nid)
+            result.append((st, nid))
         return result
 
 

@@ -41,9 +41,10 @@ Cost per tick: the paper's allocation's mechanism (:class:`~scheduler_ext.strate
 classes and greedy): each (site, node type) ranks its nodes by expected rate once and keeps that ranking until the
 site's sums change (the sums mapping of a site is replaced on change: copy on write), then re-rates only the nodes
 whose sums changed. The exploiting rates are not discounted by time (:data:`EXPLOIT`), so nothing expires with the
-clock; subtasks that rank nodes alike share a class; at most ``EXPLORE_SAMPLE`` draws per subtask, and
-``2 x RETRY_SAMPLE`` nodes weighed per class of recalled subtasks. O(free slots + what changed) per tick; no
-(subtask x node) product.
+clock; a ranking where a few nodes were re-rated moves their rows instead of sorting again; subtasks that rank
+nodes alike share a class; at most ``EXPLORE_SAMPLE`` draws per subtask, and
+``2 x RETRY_SAMPLE`` nodes weighed per class of recalled subtasks, whose avoided nodes count only where the
+weighing reaches them (:class:`_Weighing`). O(free slots + what changed) per tick; no (subtask x node) product.
 
 Settings: ``SCHEDEXT_RATE_FLOOR``, ``SCHEDEXT_PATIENCE``, ``SCHEDEXT_EXPLORE_SHARE``, ``SCHEDEXT_ESTIMATE_HALF_LIFE``,
 ``SCHEDEXT_RECALL_THRESHOLD`` (how long an exploration counts as in flight), ``SCHEDEXT_BANDIT_SEED``.
@@ -51,6 +52,7 @@ Settings: ``SCHEDEXT_RATE_FLOOR``, ``SCHEDEXT_PATIENCE``, ``SCHEDEXT_EXPLORE_SHA
 
 from __future__ import annotations
 
+import bisect
 import functools
 import math
 import operator
@@ -71,6 +73,8 @@ EXPLORE_SAMPLE = 8
 #: towards the optimistic prior, or a pair measured bad minutes ago would be exploited again, without budget and
 #: by recalled subtasks too (on the benchmarks' captcha family, the blocked nodes came back every minute or two).
 EXPLOIT = 0.0
+#: Nodes re-rated at most for a ranking to be updated in place (their rows moved) rather than sorted again.
+RERANK = 64
 #: Free candidates a recalled subtask's class weighs (the best-rated first): bounds its cost at any scale.
 RETRY_SAMPLE = 16
 #: Width of the time bins of :class:`ChangeHazard`, in seconds: its resolution in time (a burst of changes is
@@ -222,6 +226,82 @@ def group_sums(estimates: Estimates, group: str, site: str) -> Mapping[str, Sums
     """Node -> sums of every node with runs of ``group`` on ``site``; empty if ``estimates`` keeps no sums."""
     get = getattr(estimates, "group_sums", None)
     return get(group, site) if get is not None else {}
+
+
+class _Weighing:
+    """What the classes of recalled subtasks on one (site, type) weigh, within one allocate call
+    (:meth:`BanditAllocation._retry_class`): the :data:`RETRY_SAMPLE` best-rated candidates and as many best-rated
+    free ones, each at its rate times the probability that its run finishes. Recalled subtasks mostly avoid
+    nodes of their own, so each makes a class of its own; what they share (the free nodes in rank order, each
+    node's probability of finishing) is found once here. The free slots do not change until the matching, so
+    neither does the list of free nodes."""
+
+    def __init__(self, site: _Site) -> None:
+        ranking = site.ranking
+        self.by_rate, self.c, self.sums = ranking.by_rate, ranking.c, ranking.data[0]
+        self.free_list, self.free = site.free_list(math.inf), site.free
+        self.free_ids: list[str] = []  # the free candidates in rank order, as far as asked
+        self.at = self.free_list.first(0, self.free)  # the next free row after them
+        self.finishes: dict[str, float] = {}  # node -> posterior probability that a run of the pair finishes
+        self.near: set[str] = set()  # the first ``reach`` rows of the ranking and of the free ones
+        self.reach = 0
+
+    def _finishes(self, nid: str) -> float:
+        f = self.finishes.get(nid)
+        if f is None:
+            s = self.sums[nid]
+            f = self.finishes[nid] = 1.0 - (s.fl + 0.5) / (s.n + 1.0)
+        return f
+
+    def _free_id(self, i: int) -> str | None:
+        """The ``i``-th free candidate in rank order (None past the last)."""
+        ids, rows = self.free_ids, self.free_list.rows
+        while i >= len(ids):
+            if self.at >= len(rows):
+                return None
+            ids.append(rows[self.at][2])
+            self.at = self.free_list.first(self.at + 1, self.free)
+        return ids[i]
+
+    def relevant(self, excluded: set[str]) -> frozenset[str]:
+        """The part of ``excluded`` that :meth:`weigh` can meet: its nodes among the first
+        ``RETRY_SAMPLE + len(excluded)`` of the ranking and of the free candidates, beyond which both walks have
+        found their nodes. Subtasks whose avoided nodes differ only further down (most avoid a node or two) are
+        weighed alike and share a class: ``weigh(relevant(x))`` is ``weigh(x)``. (The rows looked at only grow
+        within a call, and two sets equal on the rows seen when the first was asked are equal on the rows
+        either walk reaches, so the equality holds whichever was asked first.)"""
+        want = RETRY_SAMPLE + len(excluded)
+        if want > self.reach:
+            by_rate, near = self.by_rate, self.near
+            for i in range(self.reach, want):
+                if i < len(by_rate):
+                    near.add(by_rate[i][2])
+                nid = self._free_id(i)
+                if nid is not None:
+                    near.add(nid)
+            self.reach = want
+        return frozenset(excluded.intersection(self.near))
+
+    def weigh(self, excluded: set[str] | frozenset[str], rates: Mapping[str, float]) -> dict[str, float]:
+        """Node -> its rate (``rates`` where given, else the site's) times the probability its run finishes, for
+        the best-rated candidates not ``excluded`` (busy ones included: late binding) and the best free ones."""
+        c: dict[str, float] = self.c
+        finishing: dict[str, float] = {}
+        for _, _, nid in self.by_rate:
+            if len(finishing) >= RETRY_SAMPLE:
+                break
+            if nid not in excluded:
+                finishing[nid] = rates.get(nid, c[nid]) * self._finishes(nid)
+        i, taken = 0, 0
+        while taken < RETRY_SAMPLE:
+            free_id = self._free_id(i)
+            if free_id is None:
+                break
+            i += 1
+            if free_id not in excluded:
+                finishing[free_id] = rates.get(free_id, c[free_id]) * self._finishes(free_id)
+                taken += 1
+        return finishing
 
 
 class BanditAllocation(Allocation):
@@ -382,14 +462,27 @@ class BanditAllocation(Allocation):
                     self.exposure += new.t - was.t
                     self.changes += new.cp > was.cp
                     self._watch(site, nid, was, new)
+        by_rate = None
         if previous is not None and previous.data[1:3] == (theta0, rho0):
             c = {nid: r for nid, r in previous.c.items() if nid in sums}
-            c.update(expected_rates(changed, now=now, half_life=EXPLOIT, theta0=theta0, rho0=rho0))
+            fresh = expected_rates(changed, now=now, half_life=EXPLOIT, theta0=theta0, rho0=rho0)
+            if len(c) == len(previous.c) and len(fresh) <= RERANK:
+                # A few nodes re-rated: move their rows (the same rows _Ranking sorts: spp 1) instead of sorting
+                by_rate = previous.by_rate.copy()
+                for nid, r in fresh.items():
+                    if nid in c:
+                        i = bisect.bisect_left(by_rate, (-c[nid], index[nid], nid))
+                        if i == len(by_rate) or by_rate[i][2] != nid:
+                            by_rate = None  # not the row expected: sort them all (never seen; a safety net)
+                            break
+                        del by_rate[i]
+                    bisect.insort(by_rate, (-r, index[nid], nid))
+            c.update(fresh)
         else:
             c = expected_rates({nid: s for nid, s in sums.items() if nid in index}, now=now,
                                half_life=EXPLOIT, theta0=theta0, rho0=rho0)
         return _Ranking(typed, c, dict.fromkeys(c, 1.0), [], math.inf,
-                        (sums, theta0, rho0, now, Posterior.prior(theta0, rho0)))
+                        (sums, theta0, rho0, now, Posterior.prior(theta0, rho0)), by_rate=by_rate)
 
     def allocate(self, subtasks: Sequence[Subtask], nodes: Sequence[NodeView], estimates: Estimates,
                  now: float) -> list[tuple[Subtask, str]]:
@@ -440,8 +533,16 @@ class BanditAllocation(Allocation):
         tops = sorted(((-r.by_rate[0][0], i, r) for i, r in enumerate(s.ranking for s in sites.values())
                        if r.by_rate), reverse=True)
 
+        answers: dict[tuple[str, float], bool] = {}  # the subtasks of a class ask about the same nodes
+
         def busy(nid: str, rate: float) -> bool:
             """True if ``nid`` has an expected rate of at least ``rate`` on one of the window's sites (classes)."""
+            hit = answers.get((nid, rate))
+            if hit is None:
+                hit = answers[(nid, rate)] = _busy(nid, rate)
+            return hit
+
+        def _busy(nid: str, rate: float) -> bool:
             if overridden.get(nid, 0.0) >= rate:
                 return True
             for top, _, r in tops:  # best site first: stop at the first whose best node is below ``rate``
@@ -539,31 +640,22 @@ class BanditAllocation(Allocation):
         finishes a run: it ranks last, where by rate alone it ranked above a slow node that does finish.
         The :data:`RETRY_SAMPLE` best-rated candidates (busy ones included: late binding) and as many best-rated
         free ones are weighed; the floor and patience apply to the products, as for any class."""
-        ck = ("retry", id(site), frozenset(excluded), *sorted(rates.items()))
+        weighing = site.memo.get("retry")
+        if weighing is None:
+            weighing = site.memo["retry"] = _Weighing(site)
+        relevant = weighing.relevant(excluded)  # subtasks avoiding different nodes mostly weigh alike
+        ordered = sorted(rates.items())
+        ck = ("retry", id(site), relevant, *ordered)
         cls = classes.get(ck)
         if cls is None:
-            sums, c, free, ranking = site.ranking.data[0], site.ranking.c, site.free, site.ranking
-            fl = site.free_list(math.inf)
-            rows = fl.rows
-            finishing: dict[str, float] = {}
-
-            def weigh(nid: str) -> None:
-                s = sums[nid]
-                finishing[nid] = rates.get(nid, c[nid]) * (1.0 - (s.fl + 0.5) / (s.n + 1.0))
-
-            for _, _, nid in ranking.by_rate:  # the best, busy ones included (late binding, as for any class)
-                if len(finishing) >= RETRY_SAMPLE:
-                    break
-                if nid not in excluded:
-                    weigh(nid)
-            i, taken = fl.first(0, free), 0
-            while i < len(rows) and taken < RETRY_SAMPLE:  # and the best free ones
-                nid = rows[i][2]
-                if nid not in excluded:
-                    weigh(nid)
-                    taken += 1
-                i = fl.first(i + 1, free)
-            cls = classes[ck] = _Class(site, set(excluded), finishing, -math.inf, self.rate_floor)
+            cls = classes[ck] = _Class(site, set(relevant), weighing.weigh(relevant, rates), -math.inf,
+                                       self.rate_floor)
+        if cls.top <= 0 and len(relevant) < len(excluded):  # such a class explores: it must skip all it avoids
+            ck = ("retry", id(site), frozenset(excluded), *ordered)
+            cls = classes.get(ck)
+            if cls is None:
+                cls = classes[ck] = _Class(site, set(excluded), weighing.weigh(relevant, rates), -math.inf,
+                                           self.rate_floor)
         return cls
 
     def _match(self, explore: list[tuple[float, int, bool, Subtask, str, bool]], classes: Iterable[_Class],
