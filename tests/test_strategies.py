@@ -773,16 +773,26 @@ class _PlainRetryBandit(BanditAllocation):
         return classes[ck]
 
 
+def _random_run(rng: random.Random, failed: float = 0.0) -> tuple[int, int, int, float, bool]:
+    """(pages, offered, collected, seconds, ok) of a run drawn at random, failed with probability ``failed``."""
+    return rng.randint(1, 10), 100, rng.randint(0, 95), rng.uniform(0.5, 4.0), rng.random() >= failed
+
+
+def _random_site(rng: random.Random, nodes: int, most_runs: int = 1, failed: float = 0.0
+                 ) -> tuple[SumsEstimates, list[str]]:
+    """Estimates of ``nodes`` nodes on a.com, each with 1 to ``most_runs`` random runs, and the node ids."""
+    est, ids = SumsEstimates(), [f"n{i}" for i in range(nodes)]
+    for nid in ids:
+        est.runs("a.com", nid, *[_random_run(rng, failed) for _ in range(rng.randint(1, most_runs))])
+    return est, ids
+
+
 @pytest.mark.parametrize("seed", range(20))
 def test_bandit_weighs_recalled_subtasks_as_the_plain_weighing_does(seed: int) -> None:
     # Many recalled subtasks on one site, each avoiding nodes of its own (a class each), over 60 nodes that finish
     # their runs more or less often, a few of them free: the shared weighing makes exactly the plain one's choice.
     rng = random.Random(seed)
-    est = SumsEstimates()
-    ids = [f"n{i}" for i in range(60)]
-    for nid in ids:
-        est.runs("a.com", nid, *[(rng.randint(1, 10), 100, rng.randint(0, 95), rng.uniform(0.5, 4.0),
-                                  rng.random() < 0.7) for _ in range(rng.randint(1, 6))])
+    est, ids = _random_site(rng, 60, most_runs=6, failed=0.3)
     nodes = [node(nid, rng.choice([0, 0, 0, 1, 2])) for nid in ids]
     window = [replace(st(f"s{i}"), attempt=rng.randint(1, 3), avoid=rng.sample(ids, rng.randint(0, 20)))
               for i in range(40)]
@@ -796,15 +806,12 @@ def test_bandit_ranking_updated_in_place_is_the_sorted_one(seed: int) -> None:
     # Runs of a few nodes change between calls: their rows move in the kept ranking, which stays what sorting
     # every node's expected rate gives.
     rng = random.Random(seed)
-    est = SumsEstimates()
-    ids = [f"n{i}" for i in range(50)]
-    for nid in ids:
-        est.runs("a.com", nid, (rng.randint(1, 10), 100, rng.randint(0, 95), rng.uniform(0.5, 4.0), True))
+    est, ids = _random_site(rng, 50)
     strategy = BanditAllocation(seed=seed)
     nodes = [node(nid, 0) for nid in ids[:-1]] + [node(ids[-1], 1)]
     for _ in range(20):
         for nid in rng.sample(ids, rng.randint(1, 5)):
-            est.runs("a.com", nid, (rng.randint(1, 10), 100, rng.randint(0, 95), rng.uniform(0.5, 4.0), True))
+            est.runs("a.com", nid, _random_run(rng))
             est.sums["a.com"] = dict(est.sums["a.com"])  # a new mapping on change, as the control's cache makes
         strategy.allocate([st("s1")], nodes, est, NOW)
         (_, _, ranking), = strategy._rankings._kept.values()
