@@ -20,6 +20,7 @@ same way the command does, on free ports in a temporary folder.
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import secrets
@@ -34,9 +35,12 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+logger = logging.getLogger(__name__)
+
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 DEFAULT_MONGO_URI = "mongodb://127.0.0.1:27017"
-START_TIMEOUT = 15.0  # seconds a started server gets to answer
+START_TIMEOUT = 15.0  # seconds a started server gets to answer (more while it says it is loading its data)
+AOF_COMPACT_ABOVE = 64 * 2**20  # bytes: a started Redis rewrites a larger append-only file (compact_aof)
 
 
 class ServiceError(RuntimeError):
@@ -127,16 +131,24 @@ def port_open(host: str, port: int, timeout: float = 0.5) -> bool:
 
 
 def redis_answers(url: str, timeout: float = 1.0) -> bool:
+    return _redis_state(url, timeout) == "ready"
+
+
+def _redis_state(url: str, timeout: float) -> str:
+    """"ready", "loading" (up, still reading its append-only file) or "down" (refused, timeout, wrong protocol
+    on the port, auth: all "not usable")."""
     import redis
 
     try:
         client = redis.Redis.from_url(url, socket_timeout=timeout, socket_connect_timeout=timeout)
         try:
-            return bool(client.ping())
+            return "ready" if client.ping() else "down"
         finally:
             client.close()
-    except redis.RedisError:  # refused, timeout, wrong protocol on the port, auth: all "not usable"
-        return False
+    except redis.BusyLoadingError:
+        return "loading"
+    except redis.RedisError:
+        return "down"
 
 
 def mongo_answers(uri: str, timeout: float = 1.5) -> bool:
@@ -203,10 +215,15 @@ def _spawn(argv: list[str], log: Path) -> subprocess.Popen[bytes]:
 
 
 def _wait_until(probe: Any, proc: subprocess.Popen[bytes], what: str, log: Path) -> None:
+    """Wait for ``probe()`` to be true; a probe that answers "loading" (a server reading its data) gets
+    ``START_TIMEOUT`` more from each such answer."""
     deadline = time.monotonic() + START_TIMEOUT
     while time.monotonic() < deadline:
-        if probe():
+        state = probe()
+        if state is True:
             return
+        if state == "loading":
+            deadline = time.monotonic() + START_TIMEOUT
         if proc.poll() is not None:
             tail = log.read_text(errors="replace")[-800:] if log.exists() else ""
             raise ServiceError(f"{what} exited with code {proc.returncode} at start; log {log}:\n{tail}")
@@ -231,8 +248,37 @@ def start_redis_server(port: int, directory: Path, host: str = "127.0.0.1",
     log = directory / "redis.log"
     proc = _spawn(argv, log)
     url = with_password(f"redis://{host}:{port}/0", password)
-    _wait_until(lambda: redis_answers(url, 0.3), proc, f"redis-server on {host}:{port}", log)
+
+    def ready() -> bool | str:
+        state = _redis_state(url, 0.3)
+        return state == "ready" or state
+
+    _wait_until(ready, proc, f"redis-server on {host}:{port}", log)
+    compact_aof(url)
     return proc
+
+
+def compact_aof(url: str, above: int = AOF_COMPACT_ABOVE) -> bool:
+    """Start a rewrite of the append-only file (BGREWRITEAOF) if it holds more than ``above`` bytes and more than
+    4 times the data in memory; True if one was started.
+
+    Redis rewrites on its own only when the file doubles within one run of the server (the size it loaded is the
+    base), so a server started and stopped for every experiment or test keeps every write it ever took: the file
+    grew to 600 MB here and took longer to load than a start may wait.
+    """
+    import redis
+
+    client = redis.Redis.from_url(url)
+    try:
+        info = client.info()
+        size = int(info.get("aof_current_size") or 0)
+        if size <= max(above, 4 * int(info.get("used_memory") or 0)) or info.get("aof_rewrite_in_progress"):
+            return False
+        client.bgrewriteaof()
+        logger.info("redis: append-only file of %d MB rewritten in the background", size // 2**20)
+        return True
+    finally:
+        client.close()
 
 
 def start_mongo_server(port: int, directory: Path, host: str = "127.0.0.1") -> subprocess.Popen[bytes]:

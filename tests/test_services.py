@@ -79,3 +79,34 @@ def test_port_held_by_something_else_is_a_clear_error(tmp_path: Path) -> None:
                             timeout=60)
     assert result.returncode == 1
     assert f"port {port}" in result.stderr and "not a redis server" in result.stderr
+
+
+def test_a_started_redis_rewrites_an_append_only_file_that_outgrew_its_data(tmp_path: Path) -> None:
+    # Redis rewrites by itself only when the file doubles within one run of the server; a server started and
+    # stopped for every experiment kept every write it ever took (600 MB, slower to load than a start may wait).
+    import time
+
+    import redis
+
+    port = services.free_port()
+    proc = services.start_redis_server(port, tmp_path / "redis")
+    url = f"redis://127.0.0.1:{port}/0"
+    client = redis.Redis.from_url(url)
+    try:
+        for i in range(200):  # about 10 MB of writes that leave one small key behind
+            client.set("k", "x" * 50_000 + str(i))
+        aof = tmp_path / "redis" / "appendonly.aof"
+        client.execute_command("CONFIG SET appendfsync always")  # the file's size now, not in a second
+        client.set("k", "small")
+        grown = aof.stat().st_size
+        assert grown > 8_000_000
+        assert not services.compact_aof(url, above=100 * grown)  # under the threshold: left alone
+        assert services.compact_aof(url, above=1_000_000)
+        deadline = time.monotonic() + 30
+        while client.info("persistence")["aof_rewrite_in_progress"] and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert aof.stat().st_size < grown // 10 and client.get("k") == b"small"
+    finally:
+        client.close()
+        proc.terminate()
+        proc.wait(10)
