@@ -620,14 +620,13 @@ class _Decider:
             return Decision("recall", [e.guard], self._recall_writes(st, report.node, reason, RecallDecision.DEAD),
                             subject=st.id, dead=1)
         decision = self.strat.recall.decide(st, report.node, report.reason, failed=True)
-        end = st.first_page + st.page_limit
+        end, resume = st.first_page + st.page_limit, self._resumed(report)
         if decision is RecallDecision.ABANDON:
             writes = self._advance(report, abandoned=True)
-        elif decision is RecallDecision.REQUEUE and (st.first_page < report.next_page < end or
-                                                     report.next_page < self._resumed(report) < end):
+        elif decision is RecallDecision.REQUEUE and report.next_page < end and (st.first_page < report.next_page
+                                                                               or resume < end):
             # The pages before the failure were crawled and stored, and so were those in flight with it to the
             # slice's end: recall only the pages between, and let the task go on after the slice.
-            resume = self._resumed(report)
             rest = replace(st, first_page=report.next_page, page_limit=resume - report.next_page)
             writes = self._recall_writes(rest, report.node, reason, decision)
             if resume < end:
@@ -640,7 +639,8 @@ class _Decider:
 
     @staticmethod
     def _resumed(report: Report) -> int:
-        """Where the failed slice's crawled tail starts (its end if unknown or out of the slice)."""
+        """Where the failed slice's crawled tail starts: past ``next_page``, else the slice's end (also if unknown
+        or out of the slice)."""
         st, r = report.subtask, report.resume_page
         end = st.first_page + st.page_limit
         return r if r is not None and report.next_page < r < end else end
