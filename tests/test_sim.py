@@ -171,6 +171,41 @@ def test_a_simulation_is_reproducible_and_samples_like_a_real_run() -> None:
     assert len(pair) == 5 and pair[0] >= pair[1] >= 0  # offered, collected, runs, pages, estimate
 
 
+def test_a_download_delay_spaces_a_nodes_pages_and_bounds_the_best_possible() -> None:
+    world = generate("specialists", nodes=2, sites=2, duration=30, seed=0)
+    tasks = _tasks(world.sites, 4, 0)
+    work = {s: SiteWork(0, sum(1 for t in tasks if t.site == s), sum(t.results for t in tasks if t.site == s))
+            for s in world.sites}
+    requests = {}
+    for delay in (0.0, 0.5):
+        model = NodeModel(delay=delay, randomize_delay=False)
+        allocation, modification, recall = CONFIGS["bandit"](0)
+        raw = Simulation(world, world.nodes, tasks, allocation=allocation, modification=modification, recall=recall,
+                         duration=30, seed=0, model=model).run()
+        requests[delay] = {n: c["requests"] for n, c in raw["web"]["by_address"].items()}
+        bound = best_possible(world, world.nodes, work, 30, model)["items"]
+        assert 0 < raw["samples"][-1]["items"] <= bound
+        if delay:
+            # one page every 0.5 s at most, per node, whatever its page slots: 61 pages in 30 s, and the pages of a
+            # subtask taken before the end that start after it (counted when it is taken: 20 pages at most)
+            assert all(r <= 30 / delay + 1 + 20 for r in requests[delay].values()), requests
+            assert bound <= 2 * (30 / delay) * 10  # two nodes, a page of 10 results every 0.5 s at most
+    assert all(requests[0.0][n] > 3 * requests[0.5][n] for n in requests[0.5]), requests
+
+
+def test_the_experiment_simulates_the_nodes_concurrency_and_delay(tmp_path: Path) -> None:
+    out = tmp_path / "sim"
+    result = run_scrapy(["experiment", "--sim", "--strategies", "bandit", "--duration", "30", "--set",
+                         "DOWNLOAD_DELAY=0.5", "--set", "RANDOMIZE_DOWNLOAD_DELAY=false", "--set",
+                         "CONCURRENT_REQUESTS_PER_DOMAIN=4", "--out", str(out)],
+                        env={"PATH": "/usr/bin:/bin"}, timeout=120)
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = json.loads((out / "summary.json").read_text(encoding="utf-8"))
+    assert summary["best_possible"]["model"]["delay"] == 0.5 and summary["best_possible"]["model"]["concurrency"] == 4
+    raw = json.loads((out / "raw" / "bandit.json").read_text(encoding="utf-8"))
+    assert all(c["requests"] <= 81 for c in raw["web"]["by_address"].values()), raw["web"]["by_address"]
+
+
 def _as_json(writes: list[Any]) -> list[Any]:
     return [tuple(v.to_json() if isinstance(v, (Subtask, Task)) else v for v in w) for w in writes]
 

@@ -15,6 +15,8 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+from scrapy.settings import Settings
+
 from product_crawl.experiment.runner import (
     CLUSTER_SETTINGS,
     CONFIGURATIONS,
@@ -155,7 +157,8 @@ def simulate_configuration(name: str, opts: Options, *, model: NodeModel | None 
     sim = Simulation(profile_world(opts), nodes, task_specs(opts, totals), allocation=allocation,
                      modification=modification, recall=recall, duration=opts.duration, tick=config.tick_interval,
                      wake=config.tick_wake, page_limit=config.page_limit, time_limit=config.time_limit,
-                     alpha=config.estimate_alpha, recall_age=config.recall_age, model=model,
+                     alpha=config.estimate_alpha, recall_age=config.recall_age,
+                     model=(model or NodeModel()).with_settings(Settings(settings)),
                      sample_interval=opts.sample_interval,
                      seed=seed, pair_samples=len(nodes) * len(opts.sites) <= 10_000)
     started = time.monotonic()
@@ -178,9 +181,11 @@ def best_possible(opts: Options, totals: dict[str, dict[str, int]]) -> dict[str,
     work = {site: SiteWork(0, sum(1 for p in totals if site in totals[p]),
                            sum(totals[p].get(site, 0) for p in totals)) for site in opts.sites}
     model, machine = (NodeModel(), None) if opts.sim else (bound_module.MACHINE_NODE, bound_module.MACHINE)
+    model = model.with_settings(Settings({**CLUSTER_SETTINGS, **opts.overrides}))  # the nodes' concurrency and delay
     bound = bound_module.best_possible(world, nodes, work, opts.duration, model, machine)
     bound.pop("assignments")
-    nodes_model = {"concurrency": model.concurrency, "node_page_cpu": model.page_cpu, "node_item_cpu": model.item_cpu}
+    nodes_model = {"concurrency": model.concurrency, "delay": model.delay, "node_page_cpu": model.page_cpu,
+                   "node_item_cpu": model.item_cpu}
     if machine is None:
         return {**bound, "model": {**nodes_model, "source": "the simulator's NodeModel, a machine per node"}}
     return {**bound, "model": {**nodes_model, "cores": machine.cores, "machine_page_cpu": machine.page_cpu,

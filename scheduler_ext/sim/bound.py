@@ -13,9 +13,10 @@ over phases of ``(phase length) x (value of the best assignment)``:
 ``r[n,s]`` is the results node ``n`` collects per second on site ``s`` crawling nothing else, from the node's
 machinery (:class:`~scheduler_ext.sim.engine.NodeModel`) and the site's behaviour: per page requested it collects
 ``served x share x PAGE_SIZE`` results, and it requests pages at most ``min(concurrency / latency, 1 / (node CPU a
-page requested))`` a second (its page slots; its own process, one core at most). ``q[n,s]`` is the CPU seconds per
-second of the whole machine that crawl costs (:class:`Machine`: a page served and its items cost CPU in the node,
-the web server and the storage; blocked and failed pages are counted free, which only raises the bound).
+page requested), 1 / delay)`` a second (its page slots; its own process, one core at most; its
+``DOWNLOAD_DELAY``). ``q[n,s]`` is the CPU seconds per second of the whole machine that crawl costs
+(:class:`Machine`: a page served and its items cost CPU in the node, the web server and the storage; blocked and
+failed pages are counted free, which only raises the bound).
 
 Without the machine row the constraint matrix is that of a transportation problem (totally unimodular), so an
 optimal ``x`` is integral: each live node crawls one site, and a site takes at most ``T_s`` nodes. :func:`assign`
@@ -88,6 +89,8 @@ def node_rate(b: Behaviour, model: NodeModel) -> float:
     800.0
     >>> round(node_rate(Behaviour(share=1.0, latency=0.1), NodeModel(page_cpu=0.02, item_cpu=0.0)), 1)
     500.0
+    >>> round(node_rate(Behaviour(share=1.0, latency=0.1), NodeModel(page_cpu=0.0, item_cpu=0.0, delay=2.0)), 1)
+    5.0
     """
     return node_rates(b, model, None)[0]
 
@@ -99,7 +102,8 @@ def node_rates(b: Behaviour, model: NodeModel, machine: Machine | None) -> tuple
     (500.0, 1.0)
     """
     items = b.served * b.share * PAGE_SIZE  # per page requested
-    seconds = max(b.latency / max(1, model.concurrency), b.served * model.page_cpu + items * model.item_cpu)
+    seconds = max(b.latency / max(1, model.concurrency), b.served * model.page_cpu + items * model.item_cpu,
+                  model.delay)
     if seconds <= 0:
         return 0.0, 0.0
     cpu = 0.0 if machine is None else (b.served * machine.page_cpu + items * machine.item_cpu) / seconds

@@ -19,7 +19,9 @@ What is simulated, and how (docs/strategies.md, "The simulator", gives the calib
   after a finish or when a page starts, and as an entry reaches its crawl queue: an idle node waits on it). The
   pages of all its subtasks share its
   ``concurrency`` page slots, first taken first served, and its CPU (``page_cpu`` per page served, ``item_cpu`` per
-  item stored: a page starts no sooner than the CPU has finished the pages before it). Each page waits its latency,
+  item stored: a page starts no sooner than the CPU has finished the pages before it), and, under a
+  ``DOWNLOAD_DELAY`` (``delay``), no sooner than the delay after the node's previous page started (all of a node's
+  pages go to the engine's host: one download slot, as in Scrapy). Each page waits its latency,
   then is an HTTP error, a captcha or a page that serves each of its results with probability ``share``. The first
   failed page ends the subtask (pages not yet started are dropped, as the node's middleware drops them); the time
   limit drops the pages it cuts. A subtask's ``overhead`` (take and finish round trips) delays its first page by
@@ -38,6 +40,7 @@ are computed from either by the same code.
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import heapq
 import math
 import random
@@ -85,6 +88,27 @@ class NodeModel:
     page_cpu: float = 0.035
     item_cpu: float = 0.002  # node seconds per item stored
     refill_interval: float = 0.5  # seconds between a busy node's growths of its adaptive prefetch
+    # seconds between the starts of two of a node's pages (DOWNLOAD_DELAY: every page of a node goes to the engine's
+    # host, one download slot), each wait drawn in [0.5, 1.5] x delay as Scrapy does (RANDOMIZE_DOWNLOAD_DELAY)
+    delay: float = 0.0
+    randomize_delay: bool = True
+
+    def with_settings(self, settings: Any) -> NodeModel:
+        """This model under a configuration's Scrapy settings (a ``BaseSettings``), read as a real node reads them:
+        ``concurrency`` is ``CONCURRENT_REQUESTS_PER_DOMAIN`` capped by ``CONCURRENT_REQUESTS`` (the node's
+        ``Pace.ready``), ``requests`` is ``CONCURRENT_REQUESTS``, ``delay`` and ``randomize_delay`` are
+        ``DOWNLOAD_DELAY`` and ``RANDOMIZE_DOWNLOAD_DELAY``. The machinery's costs stay the model's.
+
+        >>> from scrapy.settings import Settings
+        >>> m = NodeModel().with_settings(Settings({"CONCURRENT_REQUESTS_PER_DOMAIN": 2, "DOWNLOAD_DELAY": 1.5}))
+        >>> m.concurrency, m.requests, m.delay, m.randomize_delay, m.page_cpu == NodeModel().page_cpu
+        (2, 16, 1.5, True, True)
+        """
+        requests = max(1, settings.getint("CONCURRENT_REQUESTS"))
+        return dataclasses.replace(
+            self, concurrency=max(1, min(requests, settings.getint("CONCURRENT_REQUESTS_PER_DOMAIN"))),
+            requests=requests, delay=max(0.0, settings.getfloat("DOWNLOAD_DELAY")),
+            randomize_delay=settings.getbool("RANDOMIZE_DOWNLOAD_DELAY"))
 
 
 @dataclass
@@ -146,6 +170,7 @@ class Simulation:
         m = self.model
         self.slots: dict[str, list[float]] = {n: [0.0] * max(1, m.concurrency) for n in self.nodes}
         self.cpu_free: dict[str, float] = dict.fromkeys(self.nodes, 0.0)
+        self.next_start: dict[str, float] = dict.fromkeys(self.nodes, 0.0)  # a node's next page, by its delay
         self.starts: dict[str, list[float]] = {n: [] for n in self.nodes}  # start times of pages not yet started
         self.prefetch_min = math.ceil(m.requests / max(1, page_limit)) + 1
         self.prefetch_max = max(self.prefetch_min, 4 * m.requests)
@@ -422,7 +447,7 @@ class Simulation:
         reason = ""
         for page in range(st.first_page, min(st.first_page + st.page_limit, total_pages)):
             free = heapq.heappop(slots)
-            start = max(free, t0, self.cpu_free[run.node])
+            start = max(free, t0, self.cpu_free[run.node], self.next_start[run.node])
             if start >= failed_at:  # the subtask already failed: pages not started are dropped
                 heapq.heappush(slots, free)
                 break
@@ -430,6 +455,8 @@ class Simulation:
                 timed_out = True
                 heapq.heappush(slots, free)
                 break
+            if m.delay > 0:
+                self.next_start[run.node] = start + m.delay * (rng.uniform(0.5, 1.5) if m.randomize_delay else 1.0)
             end = start + max(0.0, b.latency + (rng.uniform(-b.spread, b.spread) if b.spread else 0.0))
             heapq.heappush(slots, end)
             if start > self.now:
