@@ -2,9 +2,11 @@
 possible, on generated families of profiles (scheduler_ext/sim/families.py), with the distribution of the ratios.
 
     python benchmarks/bench_quality.py [--nodes 12] [--sites 8] [--products 4] [--duration 300] [--seeds 5]
-                                       [--families all] [--scale] [--out benchmarks/results/bench_quality.json]
+                                       [--seed-start 0] [--families all] [--scale]
+                                       [--out benchmarks/results/bench_quality.json]
 
-For every family and seed: one generated world, each configuration of scheduler_ext.sim.configs simulated on it
+For every family and seed (``--seeds`` of them from ``--seed-start``: a second set of worlds to check a result
+found on the first): one generated world, each configuration of scheduler_ext.sim.configs simulated on it
 (same tasks, same seed), and the bound (scheduler_ext.sim.bound). Reported per family: quantiles over seeds of
 items / best possible, bandit / paper, bandit / fifo, and for the families where pairs turn good, the delay from a
 pair turning good to its first run (only pairs that the best schedule uses once they are good).
@@ -141,6 +143,7 @@ def main() -> None:
     p.add_argument("--products", type=int, default=4)
     p.add_argument("--duration", type=float, default=300.0)
     p.add_argument("--seeds", type=int, default=5)
+    p.add_argument("--seed-start", type=int, default=0, help="the first seed: worlds --seed-start .. + --seeds - 1")
     p.add_argument("--families", default="all", help="comma-separated, 'all' or 'none'")
     p.add_argument("--scale", action="store_true")
     p.add_argument("--scale-duration", type=float, default=600.0)
@@ -153,7 +156,7 @@ def main() -> None:
                               "families": {}}
     for family in families:
         started = time.monotonic()
-        worlds = [one_world(family, args, seed) for seed in range(args.seeds)]
+        worlds = [one_world(family, args, seed) for seed in range(args.seed_start, args.seed_start + args.seeds)]
         names = list(CONFIGS)
         summary: dict[str, Any] = {
             "vs_best": {n: quantiles([w["items"][n] / w["bound"] for w in worlds]) for n in names},

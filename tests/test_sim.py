@@ -44,7 +44,8 @@ def store(redis, prefix: str) -> Store:  # type: ignore[no-untyped-def]
 
 RUNS = [  # offered, collected, pages, seconds, ok, attempted: good runs, a captcha run (4 block pages in flight), a
     # change point to bad (a report without counts: charged its pages and the failing one), a timeout (2 pages cut),
-    # a run whose first page failed with an error, 2 more in flight (left out of the share: Sums.err)
+    # a run whose first page failed with an error, 2 more in flight (left out of the share: Sums.err; a blank run:
+    # left out of the pace too, Sums.xp and Sums.bl)
     (100, 90, 10, 2.0, True, 10), (50, 47, 5, 1.1, True, 5), (0, 0, 0, 0.4, False, 4), (80, 10, 8, 5.0, False, None),
     (30, 4, 3, 2.5, True, 5), (0, 0, 0, 6.0, True, 0), (0, 0, 0, 0.5, False, 3),
 ]
@@ -70,9 +71,11 @@ def test_memory_estimates_match_the_finish_script(store: Store) -> None:
         lua = json.loads(store.redis.hget(k.est_site("a.com"), "n1"))
         py = mem.sites["a.com"]["n1"]
         assert py.sums is not None
-        fields = (lua["n"], lua["pg"], lua["got"], lua["sec"], lua["fl"], lua["err"], lua.get("cp", 0.0) > 0)
+        fields = (lua["n"], lua["pg"], lua["got"], lua["sec"], lua["fl"], lua["err"], lua["xp"],
+                  lua.get("cp", 0.0) > 0, lua.get("bl", 0.0) > 0)
         s = py.sums
-        assert fields == pytest.approx((s.n, s.pages, s.got, s.sec, s.fl, s.err, s.cp > 0)), f"after run {i}"
+        assert fields == pytest.approx((s.n, s.pages, s.got, s.sec, s.fl, s.err, s.xp, s.cp > 0, s.bl > 0)), \
+            f"after run {i}"
         assert (lua.get("c"), lua.get("spp"), lua["runs"]) == pytest.approx((py.c, py.spp, py.runs))
         group = json.loads(store.redis.hget(k.est_group_site("milk", "a.com"), "n1"))
         assert group["pg"] == pytest.approx(mem.groups[("milk", "a.com")]["n1"].sums.pages)  # type: ignore[union-attr]
@@ -82,8 +85,8 @@ def test_memory_estimates_match_the_finish_script(store: Store) -> None:
     cache = EstimateCache(store)
     got = cache.site_sums("a.com")["n1"]
     mine = mem.site_sums("a.com")["n1"]
-    assert (got.n, got.pages, got.got, got.sec, got.fl, got.err) == pytest.approx(
-        (mine.n, mine.pages, mine.got, mine.sec, mine.fl, mine.err)) and mine.fl > 0 and mine.err > 0
+    assert (got.n, got.pages, got.got, got.sec, got.fl, got.err, got.xp, got.bl > 0) == pytest.approx(
+        (mine.n, mine.pages, mine.got, mine.sec, mine.fl, mine.err, mine.xp, True)) and mine.fl > 0 and mine.err > 0
     assert cache.group_sums("milk", "a.com")["n1"].pages == pytest.approx(mem.group_sums("milk", "a.com")["n1"].pages)
 
 

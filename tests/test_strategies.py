@@ -881,13 +881,44 @@ def test_a_run_failed_by_errors_before_any_page_keeps_the_share_near_the_prior()
     # A suited pair's first run: its first page fails with an HTTP error, 5 more were in flight with it.
     kw = {"pages_done": 0, "failed_pages": 6, "offered": 0, "collected": 0, "seconds": 1.0, "alpha": 0.3,
           "failed": True, "fail_cost": 1.5}
-    errors = update_sums(None, **kw, error_pages=6)
-    blocked = update_sums(None, **kw)  # the same pages answered by captchas: all charged to the share
-    assert (errors.pages, errors.err, errors.fl, errors.sec) == (6.0, 5.0, 1.0, 2.5)  # time, pages, failure: all
-    post = {name: Posterior.of(s, now=0, half_life=60, theta0=0.9, rho0=5) for name, s in
+    errors = update_sums(None, **kw, error_pages=6, now=7.0)
+    blocked = update_sums(None, **kw, now=7.0)  # the same pages answered by captchas: all charged to the share
+    # A blank run (no page crawled, every page an error): a failure, no pace (neither its pages nor its seconds)
+    assert (errors.pages, errors.err, errors.xp, errors.fl, errors.sec, errors.bl) == (6.0, 5.0, 6.0, 1.0, 0.0, 7.0)
+    assert (blocked.xp, blocked.sec, blocked.bl) == (0.0, 2.5, 0.0)
+    post = {name: Posterior.of(s, now=7.0, half_life=60, theta0=0.9, rho0=5) for name, s in
             (("errors", errors), ("blocked", blocked))}
     assert post["errors"].share == pytest.approx((3 * 0.9) / 4)  # only the page that failed counts against it
     assert post["blocked"].share == pytest.approx((3 * 0.9) / 9)
-    assert post["errors"].pace == post["blocked"].pace  # the pages in flight still took their time
-    # A run that crawled pages before its error is evidence of its share as before.
-    assert update_sums(None, **{**kw, "pages_done": 3, "offered": 30, "collected": 30}, error_pages=6).err == 0.0
+    assert post["errors"].pace == pytest.approx(5.0)  # the prior's: errors coming back say nothing of the pace
+    assert post["blocked"].pace == pytest.approx(9 / (3 / 5 + 2.5))  # captchas are served pages: their time counts
+    # A run that crawled pages before its error is evidence of its share and pace as before.
+    some = update_sums(None, **{**kw, "pages_done": 3, "offered": 30, "collected": 30}, error_pages=6)
+    assert (some.err, some.xp, some.sec, some.bl) == (0.0, 0.0, 2.5, 0.0)
+    # Blank runs fade with the others; the next run keeps the time of the last blank one.
+    after = update_sums(errors, pages_done=2, failed_pages=0, offered=20, collected=18, seconds=0.3, alpha=0.3,
+                        now=9.0)
+    assert (after.xp, after.bl) == (pytest.approx(0.7 * 6.0), 7.0)
+
+
+def test_bandit_explores_a_pair_again_once_its_exploration_ran_blank() -> None:
+    # n1 is known good and busy; n2 never ran a.com. An exploration of n2 is in flight for the recall age (20 s)
+    # unless its run reports blank: then n2 is as unexplored as before, and its draws decide again at once. Any
+    # other failure (here its pages blocked) keeps the pair locked.
+    base = SumsEstimates().runs("a.com", "n1", GOOD, GOOD, GOOD)
+    kw = {"pages_done": 0, "failed_pages": 5, "offered": 0, "collected": 0, "seconds": 0.3, "alpha": 0.3,
+          "failed": True, "fail_cost": 0.75, "now": NOW + 1}
+    again = Counter()
+    for tick in range(60):
+        for name, errors in (("blank", 5), ("blocked", 0)):
+            strategy = BanditAllocation(seed=tick, explore_timeout=20.0)
+            nodes = [node("n1", 0), node("n2")]
+            if assigned(strategy.allocate([st("s1")], nodes, base, NOW)) != {"s1": "n2"}:
+                continue
+            est = SumsEstimates().runs("a.com", "n1", GOOD, GOOD, GOOD)
+            est.put("a.com", "n2", update_sums(None, **kw, error_pages=errors))
+            for t in (2, 3, 4, 5):
+                if assigned(strategy.allocate([st(f"s{t}")], nodes, est, NOW + t)).get(f"s{t}") == "n2":
+                    again[name] += 1
+                    break
+    assert again["blocked"] == 0 and again["blank"] > 5, again

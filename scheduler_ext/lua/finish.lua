@@ -12,8 +12,10 @@ finish: end a leased subtask: run record, aggregates, moving estimates, report. 
   KEYS[9]  nodeCountKey   count:node:<node> (stale_finish)
   KEYS[10] progressKey    progress
   KEYS[11] aggTriplesKey  agg:triples set
-  KEYS[12] estSiteKey     est:site:<site>, a field per node {c, spp, runs, last, n, pg, got, sec, fl, cp}
-  KEYS[13] estGroupKey    est:gs:<product>|<site>, a field per node {spp, runs, last, n, pg, got, sec, fl, cp}
+  KEYS[12] estSiteKey     est:site:<site>, a field per node {c, spp, runs, last, n, pg, got, sec, fl, err, xp,
+                          cp, bl}
+  KEYS[13] estGroupKey    est:gs:<product>|<site>, a field per node {spp, runs, last, n, pg, got, sec, fl, err,
+                          xp, cp, bl}
   KEYS[14] estDirtyKey    est:dirty: set of the estimates changed since the control last read them
   KEYS[15] estGroupsKey   est:groups: set of the "<product>|<site>" pairs that have an est:gs hash
 
@@ -95,16 +97,21 @@ local function sums(e)
       if math.abs(got / attempted - (gt + 0.5) / (pg + 1)) >= 0.5 then e.cp = now end
     end
   end
+  -- A blank run: no page crawled, every page attempted failed from errors. It measured no pace: its pages and
+  -- seconds are left out of it (posterior.py, update_sums, xp), and its time is kept (bl).
+  local blank = (not ok) and pages <= 0 and attempted > 0 and errors >= attempted
   e.n = k * n + 1
   e.pg = k * pg + attempted
   e.got = k * gt + got
-  e.sec = k * sec + math.max(0, seconds) + (ok and 0 or failCost)
+  if blank then e.sec = k * sec else e.sec = k * sec + math.max(0, seconds) + (ok and 0 or failCost) end
   e.fl = k * fl + (ok and 0 or 1)
   -- A run that crawled no page and failed from errors: the pages in flight with the one that failed are left out
   -- of the served share (posterior.py, update_sums, err).
   local err = 0
   if pages <= 0 then err = math.max(0, math.min(errors, attempted - pages) - 1) end
   e.err = k * (tonumber(e.err) or 0) + err
+  e.xp = k * (tonumber(e.xp) or 0) + (blank and attempted or 0)
+  if blank then e.bl = now end
 end
 local function estimate(key, withCompletion)
   local old = redis.call('HGET', key, node)

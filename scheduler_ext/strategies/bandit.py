@@ -24,7 +24,8 @@ Per tick, over the window of waiting subtasks the control passes (priority order
 4. Explore: up to ``EXPLORE_SAMPLE`` free candidates are drawn; one whose Thompson draw beats the best expected rate
    (and that step 3 would not pick) is an exploration. Explorations go first, best draw first, each costing one
    unit of budget; a site no candidate has data on needs no budget (there is nothing to exploit). One exploration
-   per pair is in flight at a time. A pair last run before the site's latest change of treatment (any node's
+   per pair is in flight at a time: for the recall age, or until the pair's run reports blank
+   (:meth:`BanditAllocation._in_flight`). A pair last run before the site's latest change of treatment (any node's
    ``Sums.cp``) is drawn from the prior, as untried;
    so is any pair, with probability ``1 - exp(-H)`` for ``H`` the cluster's confirmed changes per pair since it
    was last seen (:class:`ChangeHazard`); a subtask that failed already explores only if no candidate
@@ -370,7 +371,7 @@ class BanditAllocation(Allocation):
         if not sums:
             return 0.5, 1.0
         return (max((s.got + 0.5) / (s.pages + 1.0) for s in sums.values()),
-                max(((s.pages + 1.0) / (s.sec + 1.0) for s in sums.values() if s.sec > 0), default=1.0))
+                max(((s.pages - s.xp + 1.0) / (s.sec + 1.0) for s in sums.values() if s.sec > 0), default=1.0))
 
     def _site_posteriors(self, sums: Mapping[str, Sums], now: float) -> tuple[dict[str, Posterior], Posterior]:
         """Node -> posterior on a site from the site's sums, and the prior of an untried node there."""
@@ -495,7 +496,7 @@ class BanditAllocation(Allocation):
             return []
         if self.credit is None:
             self.credit = float(len(nodes))
-        self._exploring = {k: t for k, t in self._exploring.items() if now - t < self.explore_timeout}
+        self._exploring = self._in_flight(estimates, now)
         free_by_type: dict[int, list[str]] = {}
         for n in nodes:
             for t in n.types:
@@ -604,6 +605,26 @@ class BanditAllocation(Allocation):
                 explore.append((-draw / best if best > 0 else -math.inf, order, best <= 0, st, nid,
                                 seen is not None and s is None))
         return self._match(explore, classes.values(), free, now, len(nodes))
+
+    def _in_flight(self, estimates: Estimates, now: float) -> dict[tuple[str, str], float]:
+        """The explorations still counted as in flight: sent less than ``explore_timeout`` ago (the recall age: a run
+        that has not reported by then is recalled), and whose pair has had no blank run since (``Sums.bl``: a run
+        that crawled no page and failed from errors). A blank run measured almost nothing (one failed page of share,
+        no pace): the pair is as unexplored as before, and its draws decide again at once. Any other report keeps
+        the lock until the recall age, or the budget goes to the same few pairs again and again (measured: see
+        docs/strategies.md). On the benchmarks' unlucky worlds a suited pair whose first run failed at 1 s could not
+        be tried again before 20 s; its errors stopped at 3 to 8 s."""
+        get = getattr(estimates, "site_sums", None)  # estimates without sums have no blank runs to tell
+        out = {}
+        for key, sent in self._exploring.items():
+            if now - sent >= self.explore_timeout:
+                continue
+            if get is not None:
+                s = get(key[0]).get(key[1])
+                if s is not None and s.bl > sent:
+                    continue
+            out[key] = sent
+        return out
 
     def _class(self, site: _Site, group: str, excluded: set[str], estimates: Estimates, now: float,
                classes: dict[tuple[Any, ...], _Class], retry: bool = False) -> _Class:
