@@ -31,6 +31,7 @@ from scheduler_ext.models import Report, Subtask, Task
 from scheduler_ext.store import Store
 from scheduler_ext.strategies import Allocation, NodeView
 from scheduler_ext.strategies.allocation import DynamicAllocation, SharedAllocation
+from scheduler_ext.strategies.bandit import BanditAllocation
 from scheduler_ext.strategies.modification import DynamicModification, FixedModification
 from scheduler_ext.strategies.recall import DynamicRecall
 
@@ -239,6 +240,24 @@ def test_garbage_estimates_are_ignored(store: Store, raw: redis_lib.Redis) -> No
     run_valid_task(store, make_control(store, allocation=DynamicAllocation(),
                                         modification=DynamicModification(base_pages=3)))
     assert not dead(store)
+
+
+@pytest.mark.parametrize("sums", [
+    b'{"n": 1, "pg": NaN, "got": 1, "sec": 1, "last": 1}',  # json.loads reads NaN: a draw from it never ended
+    b'{"n": 1, "pg": 5, "got": 3, "sec": -1e9, "last": 1}',
+    b'{"n": 1, "pg": 5, "got": 3, "sec": 1, "xp": 1e9, "last": 1}',
+    b'{"n": 1, "pg": -5, "got": 3, "sec": 1, "last": 1}',
+    b'{"n": 1, "pg": 5, "got": 3, "sec": "Infinity", "last": 1}',
+], ids=["nan", "negative seconds", "pace pages above pages", "negative pages", "infinite seconds"])
+def test_hostile_numbers_in_estimates_do_not_stop_the_bandit(store: Store, raw: redis_lib.Redis,
+                                                             sums: bytes) -> None:
+    # Numbers that parse but no finish script writes: each once made the bandit's Thompson draws raise (or loop).
+    for node in ("n1", "n2"):
+        raw.hset(store.keys.est_site("ok.example"), node, sums)
+    raw.hset(store.keys.est_group_site(VALID["name"], "ok.example"), "n1", sums)
+    raw.sadd(store.keys.est_groups, f"{VALID['name']}|ok.example")
+    run_valid_task(store, make_control(store, allocation=BanditAllocation(seed=0)))
+    assert store.redis.hget(store.keys.progress, f"{VALID['name']}|done") == "1" and not dead(store)
 
 
 # --- plug-ins that fail ---------------------------------------------------------------------------------------

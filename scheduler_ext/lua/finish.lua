@@ -113,10 +113,21 @@ local function sums(e)
   e.xp = k * (tonumber(e.xp) or 0) + (blank and attempted or 0)
   if blank then e.bl = now end
 end
+-- An entry this script did not write (a number that is not finite and >= 0: cjson reads NaN and Infinity, which
+-- it then refuses to write) starts over, as an unreadable one does: else every finish of the pair would fail.
+local function sane(e)
+  for _, name in ipairs({'n', 'pg', 'got', 'sec', 'fl', 'err', 'xp', 'c', 'spp', 'runs', 'cp', 'bl'}) do
+    if e[name] ~= nil then
+      local v = tonumber(e[name])
+      if v == nil or v ~= v or v < 0 or v == math.huge then return false end
+    end
+  end
+  return true
+end
 local function estimate(key, withCompletion)
   local old = redis.call('HGET', key, node)
   local okOld, e = pcall(cjson.decode, old or '')
-  if not old or not okOld or type(e) ~= 'table' then e = {} end
+  if not old or not okOld or type(e) ~= 'table' or not sane(e) then e = {} end
   e.runs = (tonumber(e.runs) or 0) + 1
   e.last = now
   if withCompletion then

@@ -76,6 +76,10 @@ CHANGE_SHIFT = 0.5
 # unlucky worlds, instrumented).
 
 
+#: The JSON fields of an estimate entry that :meth:`Sums.from_entry` reads, in the order of :class:`Sums`'s fields.
+_FIELDS = ("n", "pg", "got", "sec", "last", "cp", "fl", "err", "xp", "bl")
+
+
 @dataclass(frozen=True)
 class Sums:
     """The sufficient statistics of one pair, as the finish script keeps them (JSON fields in brackets).
@@ -100,16 +104,25 @@ class Sums:
 
     @classmethod
     def from_entry(cls, entry: dict[str, Any]) -> Sums | None:
-        """The sums of an estimate entry (``est:site`` / ``est:gs`` field JSON); None if it has none yet."""
+        """The sums of an estimate entry (``est:site`` / ``est:gs`` field JSON); None if it has none yet, or if a
+        value is not a finite number >= 0 (an entry the finish script did not write).
+
+        >>> Sums.from_entry({"n": 2, "pg": 4, "got": 9, "sec": 1.5, "xp": 7}).got  # parts above the pages: cut
+        4.0
+        >>> [Sums.from_entry(e) for e in ({"pg": float("nan")}, {"pg": 4, "sec": -1}, {"pg": "1e999"}, {"pg": "x"})]
+        [None, None, None, None]
+        """
         if entry.get("pg") is None:
             return None
         try:
-            return cls(float(entry.get("n") or 0), float(entry["pg"]), float(entry.get("got") or 0),
-                       float(entry.get("sec") or 0), float(entry.get("last") or 0), float(entry.get("cp") or 0),
-                       float(entry.get("fl") or 0), float(entry.get("err") or 0), float(entry.get("xp") or 0),
-                       float(entry.get("bl") or 0))
-        except (TypeError, ValueError):  # a hand-edited entry: no usable data rather than an exception in a tick
+            values = [float(entry.get(name) or 0) for name in _FIELDS]
+        except (TypeError, ValueError, OverflowError):  # a hand-edited entry: no usable data, not an exception
             return None
+        if not all(0 <= v < math.inf for v in values):  # NaN too: a draw from it would never end
+            return None
+        n, pages, got, sec, t, cp, fl, err, xp, bl = values
+        # the parts of the pages never exceed them (a written entry's do not): a posterior's shapes stay positive
+        return cls(n, pages, min(got, pages), sec, t, cp, min(fl, n), min(err, pages), min(xp, pages), bl)
 
 
 def page_equivalents(pages_done: int, offered: int, collected: int) -> float:
