@@ -242,7 +242,8 @@ def _estimate(entry: dict[str, Any] | None, name: str) -> Estimate | None:
         est = Estimate(float(value), int(entry.get("runs") or 0), float(entry.get("last") or 0))
     except (TypeError, ValueError):
         return None
-    return est if math.isfinite(est.value) and math.isfinite(est.last_run) else None
+    # a number no finish writes (NaN, Infinity, a negative completion or pace: a hand edit) is no data
+    return est if 0 <= est.value < math.inf and math.isfinite(est.last_run) else None
 
 
 # --- the snapshot ---------------------------------------------------------------------------------------------

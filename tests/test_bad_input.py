@@ -24,7 +24,7 @@ from hypothesis import strategies as hs
 from test_control import NODE_INFO, make_control  # noqa: I001  (tests/ is on the path)
 
 from product_crawl.tasks import splitter
-from scheduler_ext.control import CountingIds, Entry, Snapshot, Strategies, decide
+from scheduler_ext.control import CountingIds, Entry, EstimateCache, Snapshot, Strategies, decide
 from scheduler_ext.exceptions import InvalidInput
 from scheduler_ext.keys import Keys
 from scheduler_ext.models import Report, Subtask, Task
@@ -234,12 +234,16 @@ def test_corrupt_task_record_does_not_stop_the_report(store: Store, raw: redis_l
 
 
 def test_garbage_estimates_are_ignored(store: Store, raw: redis_lib.Redis) -> None:
-    raw.hset(store.keys.est_site("ok.example"), mapping={"n1": PICKLE, "n2": b'{"c": "x", "runs": []}'})
+    raw.hset(store.keys.est_site("ok.example"), mapping={"n1": PICKLE, "n2": b'{"c": "x", "runs": []}',
+                                                         "n3": b'{"c": -5, "spp": -1, "runs": 1, "last": 1}'})
     raw.hset(store.keys.est_group_site(VALID["name"], "ok.example"), "n1", b"[]")
     raw.sadd(store.keys.est_groups, f"{VALID['name']}|ok.example")
     run_valid_task(store, make_control(store, allocation=DynamicAllocation(),
                                         modification=DynamicModification(base_pages=3)))
     assert not dead(store)
+    est = EstimateCache(store)
+    assert est.completion("ok.example", "n3") is None  # negative: no data, as unreadable
+    assert est.seconds_per_page(VALID["name"], "ok.example", "n3") is None
 
 
 @pytest.mark.parametrize("sums", [
