@@ -215,12 +215,12 @@ def _spawn(argv: list[str], log: Path) -> subprocess.Popen[bytes]:
 
 
 def _wait_until(probe: Any, proc: subprocess.Popen[bytes], what: str, log: Path) -> None:
-    """Wait for ``probe()`` to be true; a probe that answers "loading" (a server reading its data) gets
-    ``START_TIMEOUT`` more from each such answer."""
+    """Wait for ``probe()`` to answer True or "ready"; a probe that answers "loading" (a server reading its data)
+    gets ``START_TIMEOUT`` more from each such answer."""
     deadline = time.monotonic() + START_TIMEOUT
     while time.monotonic() < deadline:
         state = probe()
-        if state is True:
+        if state is True or state == "ready":
             return
         if state == "loading":
             deadline = time.monotonic() + START_TIMEOUT
@@ -248,12 +248,7 @@ def start_redis_server(port: int, directory: Path, host: str = "127.0.0.1",
     log = directory / "redis.log"
     proc = _spawn(argv, log)
     url = with_password(f"redis://{host}:{port}/0", password)
-
-    def ready() -> bool | str:
-        state = _redis_state(url, 0.3)
-        return state == "ready" or state
-
-    _wait_until(ready, proc, f"redis-server on {host}:{port}", log)
+    _wait_until(lambda: _redis_state(url, 0.3), proc, f"redis-server on {host}:{port}", log)
     compact_aof(url)
     return proc
 
