@@ -27,7 +27,7 @@ from product_crawl.experiment.runner import Progress
 from scheduler_ext.control import Decision, Entry, EstimateCache, Snapshot
 from scheduler_ext.keys import Keys
 from scheduler_ext.models import Report, Subtask, Task
-from scheduler_ext.sim import NodeModel, Simulation, TaskSpec
+from scheduler_ext.sim import FREE_CONTROL, ControlModel, NodeModel, Simulation, TaskSpec
 from scheduler_ext.sim.bound import MACHINE, MACHINE_NODE, SiteWork, assign, best_possible, machine_assign
 from scheduler_ext.sim.configs import CONFIGS
 from scheduler_ext.sim.estimates import MemoryEstimates
@@ -373,6 +373,55 @@ def test_a_large_cluster_loses_no_subtask_and_allocates_none_twice() -> None:
                        *(st.task for _, st in sim.lost)]
     assert sorted(held + sim.dead) == sorted(sim.tasks), "an open task has no subtask, or two"
     assert sim.tasks_made == sim.tasks_done + len(sim.tasks)
+
+
+class Timed(Simulation):
+    """Records every tick: (start, its cost, reports read) and when its decisions were applied."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.ticks: list[tuple[float, float, int]] = []
+        self.applied_at: list[float] = []
+        self._read = 0
+
+    def _snapshot(self, reports: list[Report], *args: Any) -> Snapshot:
+        self._read = len(reports)
+        return super()._snapshot(reports, *args)
+
+    def _end_tick(self, cost: float, *args: Any) -> None:
+        self.ticks.append((self.now, cost, self._read))
+        self._read = 0
+        super()._end_tick(cost, *args)
+
+    def _applied(self) -> None:
+        if self._pending[0]:
+            self.applied_at.append(self.now)
+        super()._applied()
+
+
+def test_a_control_whose_ticks_take_time_ticks_less_often_and_reads_a_batch_at_a_time() -> None:
+    """The control model (ControlModel): a tick's decisions are written at its end, no tick starts before the
+    previous one ended, a report wakes a tick ``wake`` after that end at the soonest, and a tick reads at most
+    ``batch`` reports (the rest wait for the next). A slow control then ticks less often than a free one."""
+    world = generate("specialists", nodes=40, sites=6, duration=30, seed=3)
+    runs = {}
+    for name, control, batch in (("free", FREE_CONTROL, 500), ("slow", ControlModel(base=0.25, per_entry=0.001), 3)):
+        allocation, modification, recall = CONFIGS["bandit"](3)
+        sim = Timed(world, world.nodes, _tasks(world.sites, 8, 3), allocation=allocation, modification=modification,
+                    recall=recall, duration=30, seed=3, control=control, batch=batch)
+        raw = sim.run()
+        assert raw["samples"][-1]["items"] > 0
+        runs[name] = sim
+    free, slow = runs["free"], runs["slow"]
+    assert all(cost == 0 for _, cost, _ in free.ticks)
+    assert max(read for *_, read in free.ticks) > 3
+    assert all(cost >= 0.25 for _, cost, _ in slow.ticks) and max(read for *_, read in slow.ticks) == 3
+    for (start, cost, _), (after, _, _) in itertools.pairwise(slow.ticks):
+        assert after >= start + cost - 1e-9, "a tick started before the previous one ended"
+    ends = {round(start + cost, 9) for start, cost, _ in slow.ticks}
+    # written at a tick's end (but for a tick the run's end interrupted: written then)
+    assert len(slow.applied_at) > 20 and all(round(t, 9) in ends for t in slow.applied_at[:-1])
+    assert len(slow.ticks) < len(free.ticks) / 2
 
 
 def test_waiting_offers_a_requeued_subtask_once() -> None:

@@ -11,7 +11,7 @@ computes the best possible collection a world allows. docs/strategies.md describ
 
 from __future__ import annotations
 
-from .engine import NodeModel, SimNode, Simulation, TaskSpec
+from .engine import FREE_CONTROL, ControlModel, NodeModel, SimNode, Simulation, TaskSpec
 from .world import Behaviour, World
 
-__all__ = ["Behaviour", "NodeModel", "SimNode", "Simulation", "TaskSpec", "World"]
+__all__ = ["FREE_CONTROL", "Behaviour", "ControlModel", "NodeModel", "SimNode", "Simulation", "TaskSpec", "World"]

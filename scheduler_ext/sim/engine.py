@@ -111,6 +111,39 @@ class NodeModel:
             randomize_delay=settings.getbool("RANDOMIZE_DOWNLOAD_DELAY"))
 
 
+@dataclass(frozen=True)
+class ControlModel:
+    """How long the control's tick takes, in seconds: ``base + per_node x live nodes + per_input x (reports,
+    failures and lost subtasks read) + per_entry x waiting subtasks offered to allocation + per_decision x
+    decisions written``. The simulator decides at the tick's start and applies the decisions at its end; no other
+    tick starts meanwhile (the real control skips a tick while one runs), and a report wakes the next tick
+    ``wake`` seconds after the end at the soonest. A small cluster's ticks take a millisecond or two, so this
+    changes nothing there; at a thousand nodes they take a good part of a second, and the real control ticks
+    that much less often than ten times a second. Calibrated on this machine (docs/strategies.md, "The
+    simulator"): the decisions from the simulator's own :func:`~scheduler_ext.control.decide` at 12 and 1,000
+    nodes, the reads and writes from ``benchmarks/bench_control.py``. ``ControlModel.FREE`` is a control whose
+    ticks take no time (the simulator's former model)."""
+
+    base: float = 0.002
+    per_node: float = 12e-6
+    per_input: float = 150e-6
+    per_entry: float = 80e-6
+    per_decision: float = 50e-6
+
+    def cost(self, nodes: int, inputs: int, entries: int, decisions: int) -> float:
+        """The seconds of one tick.
+
+        >>> round(ControlModel().cost(nodes=1000, inputs=300, entries=4000, decisions=600), 3)
+        0.409
+        """
+        return (self.base + self.per_node * nodes + self.per_input * inputs + self.per_entry * entries
+                + self.per_decision * decisions)
+
+
+#: A control whose ticks take no time: decisions applied the moment they are made (the simulator's former model).
+FREE_CONTROL = ControlModel(0.0, 0.0, 0.0, 0.0, 0.0)
+
+
 @dataclass
 class _Run:
     st: Subtask
@@ -133,12 +166,16 @@ class Simulation:
                  allocation: Allocation, modification: Modification, recall: Recall, duration: float,
                  tick: float = 0.5, wake: float = 0.1, page_limit: int = 5, time_limit: float = 30.0,
                  alpha: float = 0.3, recall_age: float | None = None, model: NodeModel | None = None,
-                 sample_interval: float = 3.0, seed: int = 0, pair_samples: bool = True,
-                 on_sample: Callable[[dict[str, Any]], None] | None = None) -> None:
+                 control: ControlModel | None = None, batch: int = 500, sample_interval: float = 3.0, seed: int = 0,
+                 pair_samples: bool = True, on_sample: Callable[[dict[str, Any]], None] | None = None) -> None:
         self.world, self.nodes = world, {n.id: n for n in nodes}
         self.allocation, self.modification, self.recall = allocation, modification, recall
         self.duration, self.tick, self.wake = duration, tick, wake
-        self._ticked = -math.inf  # when the last tick ran
+        self._ticked = -math.inf  # when the last tick ended (its decisions applied)
+        self.control = control or ControlModel()
+        self.batch = batch  # reports, failures and lost subtasks read a tick at most (SCHEDEXT_TICK_BATCH)
+        # the decisions of the tick in progress and the window it took, applied at its end
+        self._pending: tuple[list[Decision], list[tuple[float, int, int, Subtask]]] = ([], [])
         self._woken = False  # a tick woken by a report is due
         self.page_limit, self.time_limit = page_limit, time_limit
         self.recall_age = recall.threshold if recall_age is None else recall_age
@@ -231,8 +268,13 @@ class Simulation:
                 self._tick()
                 self._at(t + self.tick, "tick")
             elif kind == "wake":
+                if self.now < self._ticked:  # a tick started meanwhile: wake after it
+                    self._at(self._ticked + self.wake, "wake")
+                    continue
                 self._woken = False
                 self._tick()
+            elif kind == "applied":
+                self._applied()
             elif kind == "poll":
                 self.polling.discard(payload)
                 self._take(payload)
@@ -242,6 +284,7 @@ class Simulation:
                     self._at(min(t + self.sample_interval, self.duration), "sample")
             elif kind == "leave":
                 self._leave(payload)
+        self._applied()  # a tick the run's end interrupted: its decisions were made (nothing is left half-done)
         if not self.samples or self.samples[-1]["t"] < self.duration:
             self.now = self.duration
             self._sample()
@@ -273,29 +316,50 @@ class Simulation:
 
     # --- the control ----------------------------------------------------------------------------------------------
     def _tick(self) -> None:
-        """One control tick: the snapshot the control would read, its own :func:`decide`, the writes applied."""
-        self._ticked = self.now
+        """One control tick: the snapshot the control would read, its own :func:`decide`, the writes applied at the
+        tick's end (:class:`ControlModel`). Skipped while the previous tick runs, as the real control skips it."""
+        if self.now < self._ticked:
+            return
         self._adapt_prefetch()
         nodes = self.live_nodes()
         total_free = sum(n.free for n in nodes)
         if self._nothing_to_decide(total_free):
+            self._end_tick(self.control.cost(len(nodes), 0, 0, 0), [], [])
             return
         size = self.strategies.window(total_free) if total_free else 0
         self._fill(size)
-        reports, self.reports = self.reports, []
-        failures, self.failures = self.failures, []
+        batch = self.batch
+        reports, self.reports = self.reports[:batch], self.reports[batch:]
+        failures, self.failures = self.failures[:batch], self.failures[batch:]
         stale: list[tuple[str, str | None]] = []
-        while self.lost and self.lost[0][0] <= self.now:
+        while self.lost and self.lost[0][0] <= self.now and len(stale) < batch:
             _, st = self.lost.pop(0)
             stale.append((st.id, st.to_json()))
         window = self._window(size)
         snap = self._snapshot(reports, failures, stale, nodes, [entry[3] for entry in window])
         self.estimates.read()
-        for decision in decide(snap, self.strategies, self.now):
+        decisions = list(decide(snap, self.strategies, self.now))
+        inputs = len(reports) + len(failures) + len(stale)
+        self._end_tick(self.control.cost(len(nodes), inputs, len(window), len(decisions)), decisions, window)
+
+    def _end_tick(self, cost: float, decisions: list[Decision], window: list[tuple[float, int, int, Subtask]]) -> None:
+        self._ticked = self.now + cost
+        self._pending = (decisions, window)
+        if cost > 0:
+            self._at(self._ticked, "applied")
+        else:
+            self._applied()
+
+    def _applied(self) -> None:
+        """The end of a tick: its decisions' writes applied; what allocation left of the window waits on."""
+        (decisions, window), self._pending = self._pending, ([], [])
+        for decision in decisions:
             self._apply(decision)
-        for entry in window:  # what allocation left waits on
+        for entry in window:
             if self.subtasks.get(entry[3].id) is entry[3]:
                 heapq.heappush(self.waiting, entry)
+        if self.reports:  # more than a batch waited: the leader finds the rest waiting at once
+            self._wake()
 
     def _snapshot(self, reports: list[Report], failures: list[Report], stale: list[tuple[str, str | None]],
                   nodes: list[NodeView], window: list[Subtask]) -> Snapshot:
@@ -538,10 +602,16 @@ class Simulation:
                               collected=report.collected, pages=report.pages, seconds=report.seconds, ok=report.ok,
                               now=self.now, attempted=report.charged, blocked=report.blocked)
         (self.reports if report.ok else self.failures).append(report)
-        if report.ok and self.wake > 0 and not self._woken:  # the leader waits on its reports between ticks
+        if report.ok:
+            self._wake()
+        self._take(nid)
+
+    def _wake(self) -> None:
+        """A report waits: the leader, waiting on its reports between ticks, ticks ``wake`` seconds after the
+        last tick at the soonest."""
+        if self.wake > 0 and not self._woken:
             self._woken = True
             self._at(max(self.now, self._ticked + self.wake), "wake")
-        self._take(nid)
 
     def _leave(self, nid: str) -> None:
         notice = self.now + self.recall_age
