@@ -17,6 +17,7 @@ needs to be fetched again. It lives in ``product_crawl`` because only the projec
 
 from __future__ import annotations
 
+import bisect
 import json
 import logging
 import math
@@ -26,11 +27,11 @@ import urllib.request
 from collections.abc import Sequence
 from typing import Any
 
-from product_crawl.simweb.profile import Behaviour, Profile, ProfileError, parse_profile
+from product_crawl.simweb.profile import Behaviour, Profile, ProfileError, parse_profile, phase_times
 from scheduler_ext.defaults import setting
 from scheduler_ext.exceptions import ConfigurationError
 from scheduler_ext.models import Subtask
-from scheduler_ext.strategies import Estimates, NodeView
+from scheduler_ext.strategies import Estimate, Estimates, NodeView
 from scheduler_ext.strategies.allocation import DynamicAllocation
 
 logger = logging.getLogger(__name__)
@@ -71,6 +72,44 @@ def fetch_truth(url: str, timeout: float = TRUTH_TIMEOUT) -> tuple[Profile, floa
         raise ConfigurationError(f"SCHEDEXT_ORACLE_URL: {url} gave {kind}: {exc}") from exc
 
 
+class _Truth:
+    """The truth at one moment as the figures the dynamic allocation ranks by: a node's completion on a site is
+    its expected share of an offered result (served x share), its seconds per page the mean latency (so its rate
+    is :func:`expected_rate`'s); no product-specific figures. A site's mapping is made once per phase of the
+    profile and set of live nodes (the truth changes only at a phase's start), so the allocation keeps its
+    rankings between them: a tick costs what the paper's allocation costs, not the window times the nodes."""
+
+    def __init__(self, profile: Profile, started_at: float) -> None:
+        self.profile, self.started_at = profile, started_at
+        self.phases = phase_times(profile)
+        self._nodes: tuple[tuple[str, str], ...] = ()
+        self._key: tuple[int, tuple[tuple[str, str], ...]] = (-1, ())
+        self._sites: dict[str, tuple[Any, dict[str, tuple[Estimate, Estimate]]]] = {}
+
+    def at(self, nodes: Sequence[NodeView], now: float) -> _Truth:
+        signature = tuple((n.id, n.address or "") for n in nodes)
+        if signature != self._nodes:
+            self._nodes = signature
+        self.elapsed = max(0.0, now - self.started_at)
+        key = (bisect.bisect_right(self.phases, self.elapsed), self._nodes)
+        if key[0] != self._key[0] or key[1] is not self._key[1]:
+            self._key, self._sites = key, {}
+        return self
+
+    def site_figures(self, site: str) -> dict[str, tuple[Estimate, Estimate]]:
+        kept = self._sites.get(site)
+        if kept is None:
+            figures = {}
+            for nid, address in self._nodes:
+                c, spp = expected_rate(self.profile.behaviour(address, site, self.elapsed))
+                figures[nid] = (Estimate(c * spp, 1 << 30, math.inf), Estimate(spp, 1 << 30, math.inf))
+            kept = self._sites[site] = (self._key, figures)
+        return kept[1]
+
+    def group_figures(self, group: str, site: str) -> dict[str, Estimate]:
+        return {}
+
+
 class OracleAllocation(DynamicAllocation):
     """Dynamic allocation whose rates come from the simulated web's profile, so it never explores.
 
@@ -83,6 +122,7 @@ class OracleAllocation(DynamicAllocation):
         super().__init__(**kwargs)
         self.profile, self.started_at, self.truth_url = profile, started_at, truth_url
         self._asked_at = -math.inf
+        self._truth: _Truth | None = None
 
     @classmethod
     def from_crawler(cls, crawler: Any) -> OracleAllocation:
@@ -114,7 +154,12 @@ class OracleAllocation(DynamicAllocation):
 
     def allocate(self, subtasks: Sequence[Subtask], nodes: Sequence[NodeView], estimates: Estimates,
                  now: float) -> list[tuple[Subtask, str]]:
-        return super().allocate(subtasks, nodes, estimates, now) if self._has_truth() else []
+        if not self._has_truth():
+            return []
+        assert self.profile is not None
+        if self._truth is None or self._truth.profile is not self.profile:
+            self._truth = _Truth(self.profile, self.started_at)
+        return self.allocate_ranked(subtasks, nodes, self._truth.at(nodes, now), now)
 
     def rate(self, subtask: Subtask, node: NodeView, estimates: Estimates, now: float) -> tuple[float, float]:
         """The true (results per second, seconds per page) of ``node`` on ``subtask``'s site at ``now``.

@@ -8,6 +8,7 @@ starts. The oracle's rate is checked against the profile it reads from a real si
 from __future__ import annotations
 
 import json
+import random
 import time
 from pathlib import Path
 
@@ -102,6 +103,36 @@ def test_oracle_rates_come_from_the_served_profile() -> None:
     nodes = [NodeView(id="node1", types=[0], address="127.0.0.2", free=1),
              NodeView(id="node2", types=[0], address="127.0.0.3", free=1)]
     assert [(s.id, n) for s, n in oracle.allocate([st], nodes, None, started_at + 5)] == [("1", "node1")]  # type: ignore[arg-type]
+
+
+def test_oracle_ranks_once_per_phase_and_chooses_what_the_pairwise_rates_choose() -> None:
+    """The oracle allocates through the rankings (its truth as per-site figures, made once per phase of the
+    profile) and chooses exactly the pairs its own rates choose pair by pair (the specification), across a phase
+    change, with avoided nodes, aged subtasks and nodes short of slots."""
+    from product_crawl.experiment.sim import generated_profile
+
+    profile = generated_profile("drift", nodes=12, sites=5, duration=60, seed=7)
+    nodes = [NodeView(id=f"n{i}", types=[0], address=f"127.0.0.{2 + i}", free=1 + i % 3) for i in range(12)]
+    rng = random.Random(7)
+    sites = sorted({s for n in profile.nodes.values() for s in n.sites})
+    for now in (5.0, 30.0, 50.0):  # before and after the profile's changes at 22 s and 43 s
+        window = [Subtask(id=str(i), task=str(i), site=rng.choice(sites), group=f"p{i % 4}", first_page=0,
+                          page_limit=5, time_limit=30, since=now - rng.choice((0, 20)),
+                          avoid=rng.sample([n.id for n in nodes], rng.choice((0, 0, 1, 2))))
+                  for i in range(40)]
+        ranked, pairwise = OracleAllocation(profile, 0.0), OracleAllocation(profile, 0.0)
+        got = [(st.id, nid) for st, nid in ranked.allocate(window, nodes, None, now)]  # type: ignore[arg-type]
+        want = [(st.id, nid) for st, nid in pairwise.allocate_pairwise(window, nodes, None, now)]  # type: ignore[arg-type]
+        assert len(got) > 5 and sorted(got) == sorted(want)
+    oracle = OracleAllocation(profile, 0.0)
+    oracle.allocate(window, nodes, None, 30.0)  # type: ignore[arg-type]
+    truth = oracle._truth
+    assert truth is not None
+    figures = truth.site_figures(sites[0])
+    oracle.allocate(window, nodes, None, 40.0)  # type: ignore[arg-type]
+    assert truth.site_figures(sites[0]) is figures  # the same phase: kept
+    oracle.allocate(window, nodes, None, 45.0)  # type: ignore[arg-type]
+    assert truth.site_figures(sites[0]) is not figures  # a new phase: made again
 
 
 def test_oracle_allocates_nothing_until_the_web_answers() -> None:

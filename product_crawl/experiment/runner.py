@@ -310,13 +310,6 @@ def suited_sites(profile: Profile, address: str, sites: Sequence[str], elapsed: 
             if best[s] > 0 and expected_completion(profile, address, s, elapsed) >= floor * best[s]]
 
 
-def phase_times(profile: Profile) -> list[float]:
-    """Every ``after`` of the profile's phases, sorted: when the truth changes."""
-    rules = [profile.default] + [n.rule for n in profile.nodes.values()]
-    rules += [r for n in profile.nodes.values() for r in n.sites.values()]
-    return sorted({p.after for r in rules for p in r.phases})
-
-
 # --- one configuration ---------------------------------------------------------------------------------------
 
 

@@ -23,10 +23,9 @@ from product_crawl.experiment.runner import (
     Options,
     Progress,
     corpus_totals,
-    phase_times,
 )
 from product_crawl.oracle import OracleAllocation
-from product_crawl.simweb.profile import Profile, Rule, parse_profile
+from product_crawl.simweb.profile import Profile, Rule, parse_profile, phase_times
 from scheduler_ext.config import Config
 from scheduler_ext.sim import Behaviour, NodeModel, SimNode, Simulation, TaskSpec
 from scheduler_ext.sim import bound as bound_module

@@ -17,9 +17,8 @@ from product_crawl.experiment.runner import (
     WINDOW,
     Options,
     expected_completion,
-    phase_times,
 )
-from product_crawl.simweb.profile import Profile
+from product_crawl.simweb.profile import Profile, phase_times
 
 SUMMARY_VERSION = 1
 GOAL_VS_SHARED = 1.5  # dynamic must collect at least this many times shared's unique items

@@ -149,6 +149,13 @@ class Profile:
 _PLACEHOLDER = Behaviour(share=0.0, latency=Latency(0.0), error_rate=0.0, block_rate=0.0)
 
 
+def phase_times(profile: Profile) -> list[float]:
+    """Every ``after`` of the profile's phases, sorted: when the truth changes."""
+    rules = [profile.default] + [n.rule for n in profile.nodes.values()]
+    rules += [r for n in profile.nodes.values() for r in n.sites.values()]
+    return sorted({p.after for r in rules for p in r.phases})
+
+
 def normalize_address(address: str) -> str:
     """``address`` without the IPv4-mapped IPv6 prefix, so ``::ffff:127.0.0.2`` finds ``127.0.0.2``."""
     return address[7:] if address.startswith("::ffff:") else address

@@ -353,14 +353,20 @@ class DynamicAllocation(Allocation):
 
     def allocate(self, subtasks: Sequence[Subtask], nodes: Sequence[NodeView], estimates: Estimates,
                  now: float) -> list[tuple[Subtask, str]]:
-        if type(self).rate is not DynamicAllocation.rate:  # a subclass rates pairs its own way (the oracle)
+        if type(self).rate is not DynamicAllocation.rate:  # a subclass rates pairs its own way
             return self.allocate_pairwise(subtasks, nodes, estimates, now)
+        figures: Any = estimates if hasattr(estimates, "site_figures") and hasattr(estimates, "group_figures") \
+            else _PerNode(estimates, nodes)
+        return self.allocate_ranked(subtasks, nodes, figures, now)
+
+    def allocate_ranked(self, subtasks: Sequence[Subtask], nodes: Sequence[NodeView], figures: Any,
+                        now: float) -> list[tuple[Subtask, str]]:
+        """:meth:`allocate` on ``figures``, which offer ``site_figures(site)`` and ``group_figures(group, site)``
+        (a subclass whose rates come from elsewhere, the oracle, gives its own)."""
         self._exploring = {k: t for k, t in self._exploring.items() if now - t < self.explore_timeout}
         free = {n.id: max(0, n.free) for n in nodes}
         if not any(free.values()) or not subtasks:
             return []
-        figures: Any = estimates if hasattr(estimates, "site_figures") and hasattr(estimates, "group_figures") \
-            else _PerNode(estimates, nodes)
         self._rankings.begin(nodes)
         sites: dict[tuple[str, int], _Site] = {}
         keys: dict[tuple[Any, ...], _Class] = {}
