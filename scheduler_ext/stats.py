@@ -68,6 +68,7 @@ class RedisStatsCollector(MemoryStatsCollector):
             return
         pending, self._pending = self._pending, defaultdict(float)
         try:
+            sent: list[tuple[str, str, float]] = []
             with self.redis.pipeline(transaction=True) as pipe:
                 for key, fields in self._writes(pending).items():
                     for name, delta in fields.items():
@@ -75,11 +76,19 @@ class RedisStatsCollector(MemoryStatsCollector):
                             pipe.hincrby(key, name, int(delta))
                         else:
                             pipe.hincrbyfloat(key, name, delta)
-                pipe.execute()
+                        sent.append((key, name, delta))
+                results = pipe.execute(raise_on_error=False)
         except BaseException:
             for key, delta in pending.items():
                 self._pending[key] += delta
             raise
+        # The transaction ran every increment; one whose field held no number (a hand edit) failed alone: that
+        # field starts over from this delta, rather than failing (and resending everything) at every flush.
+        spoiled = [(key, name, delta) for (key, name, delta), r in zip(sent, results, strict=True)
+                   if isinstance(r, redis.ResponseError)]
+        for key, name, delta in spoiled:
+            logger.warning("stat %s in %s held no number; counted again from %s", name, key, delta)
+            self.redis.hset(key, name, int(delta) if float(delta).is_integer() else delta)
 
     def open_spider(self, spider: Any = None) -> None:
         super().open_spider()

@@ -16,6 +16,14 @@ from .store import Store
 NODE_COUNTS = ("moved_out", "moved_in", "modified", "recalled", "dead", "stale_finish")
 
 
+def _count(value: Any) -> int:
+    """A counter's value; 0 if it holds no whole number (a hand edit: the next increment starts it over)."""
+    try:
+        return int(value or 0)
+    except (TypeError, ValueError):
+        return 0
+
+
 def _num(value: Any, kind: type = float) -> Any:
     try:
         return kind(float(value)) if value is not None else None
@@ -101,17 +109,17 @@ def collect_status(store: Store, node_timeout: float = 60.0, *, recall_threshold
             "id": n, "alive": seen is not None and now - float(seen) <= node_timeout,
             "type": info.get("type"), "address": info.get("address"), "host": info.get("host"),
             "pid": info.get("pid"), "last_seen": _num(seen), "subtasks": info.get("subtasks", []),
-            "crawl_queue": int(qlen), "counts": {c: int(counts.get(c, 0)) for c in NODE_COUNTS}})
+            "crawl_queue": int(qlen), "counts": {c: _count(counts.get(c)) for c in NODE_COUNTS}})
     completion: dict[str, dict[str, Any]] = defaultdict(dict)
     for p in pairs:
         site, node = p.rsplit("|", 1)
         h, est = rows[pos], _object(rows[pos + 1])
         pos += 2
-        offered, collected = int(h.get("offered", 0)), int(h.get("collected", 0))
+        offered, collected = _count(h.get("offered")), _count(h.get("collected"))
         completion[site][node] = {
             "completion": _num(est.get("c")), "ratio": collected / offered if offered else None,
-            "runs": int(h.get("runs", 0)), "failures": int(h.get("failures", 0)), "offered": offered,
-            "collected": collected, "pages": int(h.get("pages", 0)),
+            "runs": _count(h.get("runs")), "failures": _count(h.get("failures")), "offered": offered,
+            "collected": collected, "pages": _count(h.get("pages")),
             "seconds_per_page": _num(est.get("spp"))}
     spp: dict[str, dict[str, dict[str, float | None]]] = defaultdict(lambda: defaultdict(dict))
     for t in triples:
@@ -121,7 +129,7 @@ def collect_status(store: Store, node_timeout: float = 60.0, *, recall_threshold
     products: dict[str, dict[str, int]] = defaultdict(dict)
     for field, value in progress.items():
         group, name = field.rsplit("|", 1)
-        products[group][name] = int(value)
+        products[group][name] = _count(value)
     return {
         "v": 1, "prefix": k.prefix, "time": now, "leader": leader,
         "queues": {"virtual": int(virtual), "waiting": int(waiting), "crawl": crawl, "leased": int(leased),
@@ -132,5 +140,5 @@ def collect_status(store: Store, node_timeout: float = 60.0, *, recall_threshold
         "seconds_per_page": {g: {s: dict(n) for s, n in v.items()} for g, v in sorted(spp.items())},
         "products": {g: {"tasks": v.get("tasks", 0), "done": v.get("done", 0), "collected": v.get("collected", 0),
                          "pages": v.get("pages", 0)} for g, v in sorted(products.items())},
-        "cluster": {c: int(v) for c, v in sorted(counters.items())},
+        "cluster": {c: _count(v) for c, v in sorted(counters.items())},
     }

@@ -22,7 +22,7 @@ import redis
 
 from .keys import Keys
 
-SCRIPTS = ("take", "heartbeat", "finish", "release", "commit", "lead", "resign", "snapshot", "nodes")
+SCRIPTS = ("take", "heartbeat", "finish", "release", "commit", "lead", "resign", "snapshot", "nodes", "ids")
 _INCLUDE = re.compile(r"^--@include (\w+)$", re.MULTILINE)
 
 
@@ -179,7 +179,7 @@ class Store:
         self._take, self._heartbeat, self._finish = scripts["take"], scripts["heartbeat"], scripts["finish"]
         self._release, self._commit = scripts["release"], scripts["commit"]
         self._lead, self._resign, self._snapshot = scripts["lead"], scripts["resign"], scripts["snapshot"]
-        self._nodes = scripts["nodes"]
+        self._nodes, self._ids = scripts["nodes"], scripts["ids"]
 
     def now(self) -> float:
         """Redis server time, seconds."""
@@ -293,7 +293,7 @@ class Store:
 
     def reserve_ids(self, n: int) -> list[str]:
         """``n`` fresh ids (task, subtask and dead-letter ids) from the ``seq`` counter."""
-        last = int(self.redis.incrby(self.keys.seq, n))
+        last = int(self._ids(keys=[self.keys.seq], args=[n]))
         return [str(i) for i in range(last - n + 1, last + 1)]
 
     def report_control(self, control_id: str, info: dict[str, Any]) -> None:

@@ -28,7 +28,8 @@ from scheduler_ext.control import CountingIds, Entry, EstimateCache, Snapshot, S
 from scheduler_ext.exceptions import InvalidInput
 from scheduler_ext.keys import Keys
 from scheduler_ext.models import Report, Subtask, Task
-from scheduler_ext.store import Store
+from scheduler_ext.status import collect_status
+from scheduler_ext.store import Store, load_script
 from scheduler_ext.strategies import Allocation, NodeView
 from scheduler_ext.strategies.allocation import DynamicAllocation, SharedAllocation
 from scheduler_ext.strategies.bandit import BanditAllocation
@@ -262,6 +263,79 @@ def test_hostile_numbers_in_estimates_do_not_stop_the_bandit(store: Store, raw: 
     raw.sadd(store.keys.est_groups, f"{VALID['name']}|ok.example")
     run_valid_task(store, make_control(store, allocation=BanditAllocation(seed=0)))
     assert store.redis.hget(store.keys.progress, f"{VALID['name']}|done") == "1" and not dead(store)
+
+
+@pytest.mark.parametrize("damage", ["text", "fraction", "another type"])
+def test_counters_a_hand_edit_broke_start_over_and_stop_nothing(store: Store, raw: redis_lib.Redis,
+                                                              damage: str) -> None:
+    """Counters hold what scripts increment: the id and token sequence, the pairs' run counters, the products'
+    progress, the cluster's and the nodes' counts, the politeness holdings. One that holds no whole number made
+    every script that counts there fail: every take and every id (the control's tick), every finish of a pair,
+    every politeness sync of a site. Now such a counter starts over (the sequence above any id it gave), and
+    status shows the rest."""
+    k = store.keys
+    given = store.reserve_ids(3)
+
+    def spoil(key: str, field: str | None = None) -> None:
+        if damage == "another type":
+            raw.delete(key)
+            raw.rpush(key, "not a counter")
+        elif field is None:
+            raw.set(key, {"text": "many", "fraction": "2.5"}[damage])
+        else:
+            raw.hset(key, field, {"text": "many", "fraction": "2.5"}[damage])
+
+    group, site = VALID["name"], VALID["sites"][0]
+    spoil(k.seq)
+    spoil(k.agg_site_node(site, "n1"), "runs")
+    spoil(k.agg_group_site_node(group, site, "n1"), "pages")
+    spoil(k.progress, f"{group}|collected")
+    spoil(k.counters, "tasks_done")
+    run_valid_task(store, make_control(store))
+    assert not dead(store)
+    after = store.reserve_ids(3)
+    assert int(after[0]) > int(given[-1]) and len(set(after)) == 3  # no id given twice
+    assert int(raw.hget(k.agg_site_node(site, "n1"), "runs") or 0) >= 1
+    assert int(raw.hget(k.agg_group_site_node(group, site, "n1"), "pages") or 0) >= 1
+    assert int(raw.hget(k.progress, f"{group}|collected") or 0) >= 10
+    assert int(raw.hget(k.counters, "tasks_done") or 0) >= 1
+    if damage != "another type":  # (status reads the hashes it shows as hashes)
+        spoil(k.node_counters("n1"), "subtasks_done")
+    status = collect_status(store)  # and status reads what it can of a counter still spoiled
+    assert status["nodes"] and status["nodes"][0]["counts"]
+
+    # The politeness of a site: a spoiled holding reads as none, a spoiled sum is counted again from the holdings.
+    polite = raw.register_script(load_script("polite"))
+    slots, seen, bucket = k.polite_slots("s"), k.polite_seen("s"), k.polite_bucket("s")
+    assert polite(keys=[slots, seen, bucket], args=["n2", 4, 0, 3, 30, 0, 0, 0]) == [3, 0]
+    spoil(slots, "|sum")
+    if damage != "another type":
+        spoil(slots, "n3")
+        raw.zadd(seen, {"n3": 1})  # a lapsed holder: its spoiled holding is given back as none
+    assert polite(keys=[slots, seen, bucket], args=["n1", 4, 0, 3, 30, 0, 0, 0])[0] >= 1
+    holdings = {f: int(v) for f, v in raw.hgetall(slots).items() if f != b"|sum"}
+    assert int(raw.hget(slots, "|sum")) == sum(holdings.values()) <= 4
+    assert holdings.get(b"n2", 0) == (0 if damage == "another type" else 3)  # (replacing the key dropped it)
+
+
+def test_a_stat_a_hand_edit_spoiled_starts_over_and_the_others_count_once(redis: redis_lib.Redis,
+                                                                        prefix: str) -> None:
+    """A node's stats go in one MULTI of increments, which runs all of them; one whose field held no number failed
+    alone, yet made the flush raise, keep every delta and send them all again next time: each flush counted the
+    node's other stats once more, forever."""
+    from scrapy.utils.test import get_crawler
+
+    from scheduler_ext.stats import RedisStatsCollector
+
+    crawler = get_crawler(settings_dict={"SCHEDEXT_PREFIX": prefix, "SCHEDEXT_NODE_ID": "n1"})
+    stats = RedisStatsCollector(crawler, client=redis)
+    node = Keys(prefix).stats("node", "n1")
+    redis.hset(node, "spoiled", "many")
+    for _ in range(3):
+        stats.inc_value("pages", 2)
+        stats.inc_value("spoiled", 1)
+        stats.flush()
+    assert redis.hget(node, "pages") == "6" and redis.hget(node, "spoiled") == "3"
 
 
 # --- plug-ins that fail ---------------------------------------------------------------------------------------

@@ -38,6 +38,21 @@ def test_slots_never_exceed_the_limit_and_a_newcomer_gets_its_fair_share(redis: 
     assert not redis.hexists(keys.polite_slots("site.example"), "a")
 
 
+def test_a_node_that_held_no_slot_and_died_does_not_stop_the_sites_politeness(redis: redis_lib.Redis,
+                                                                              prefix: str) -> None:
+    # b asked while a held the whole limit: it holds 0 slots. b dies (never syncs again); once its holding lapses,
+    # giving back its 0 slots once took -0 from the sum, which Redis refuses as an integer: every node's sync for
+    # the site failed until the keys expired.
+    keys = Keys(prefix)
+    assert polite(redis, keys, "a", limit=4, want=10) == [4, 0]
+    assert polite(redis, keys, "b", limit=4, want=10) == [0, 0]
+    assert redis.hget(keys.polite_slots("site.example"), "b") == "0"
+    redis.zadd(keys.polite_seen("site.example"), {"b": 1})  # b's holding lapsed long ago
+    assert polite(redis, keys, "a", limit=4, inflight=4, want=10) == [4, 0]  # alone again: the whole limit
+    assert not redis.hexists(keys.polite_slots("site.example"), "b")
+    assert redis.hget(keys.polite_slots("site.example"), "|sum") == "4"
+
+
 def test_tokens_come_from_one_bucket_refilled_at_the_rate(redis: redis_lib.Redis, prefix: str) -> None:
     keys = Keys(prefix)
     assert polite(redis, keys, "a", rate=0.01, burst=3, tokens=10) == [0, 3]  # a full bucket: the burst

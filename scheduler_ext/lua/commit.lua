@@ -23,6 +23,7 @@ ones after it. Decisions are applied in order, so a later one sees what an earli
 Returns a list with one code per decision: 1 applied, 0 a guard failed, -1 malformed (an unknown guard or
 write; nothing of it applied).
 ]]
+--@include counter
 
 local decisions = cjson.decode(ARGV[1])
 
@@ -75,7 +76,7 @@ local function write(w)
   elseif op == 'zadd' then redis.call('ZADD', w[2], w[3], w[4])
   elseif op == 'zrem' then redis.call('ZREM', w[2], w[3])
   elseif op == 'lpush' then redis.call('LPUSH', w[2], w[3])
-  elseif op == 'hincrby' then redis.call('HINCRBY', w[2], w[3], w[4])
+  elseif op == 'hincrby' then hincr(w[2], w[3], w[4])
   elseif op == 'del' then redis.call('DEL', w[2])
   elseif op == 'sadd' then redis.call('SADD', w[2], w[3]) end
 end

@@ -40,6 +40,7 @@ finish: end a leased subtask: run record, aggregates, moving estimates, report. 
 Returns 1 if finished, 0 if the lease is gone or holds another token (counted as stale_finish on the node).
 ]]
 --@include now
+--@include counter
 
 local leasesKey, leaseInfoKey, subtasksKey, reportsKey, runsKey = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local aggSiteNodeKey, aggTripleKey, aggIndexKey, nodeCountKey = KEYS[6], KEYS[7], KEYS[8], KEYS[9]
@@ -54,7 +55,7 @@ local errors = tonumber(ARGV[16]) or 0
 local raw = redis.call('HGET', leaseInfoKey, id)
 local decoded, lease = pcall(cjson.decode, raw or '')
 if not raw or not decoded or type(lease) ~= 'table' or lease.token ~= token then
-  redis.call('HINCRBY', nodeCountKey, 'stale_finish', 1)
+  hincr(nodeCountKey, 'stale_finish', 1)
   return 0
 end
 redis.call('ZREM', leasesKey, id)
@@ -63,13 +64,13 @@ redis.call('HDEL', subtasksKey, id)
 redis.call('XADD', runsKey, 'MAXLEN', '~', runsMaxlen, '*', 'report', report)
 redis.call('LPUSH', reportsKey, report)
 for _, key in ipairs({aggSiteNodeKey, aggTripleKey}) do  -- counters, for status and experiments
-  redis.call('HINCRBY', key, 'runs', 1)
-  redis.call('HINCRBY', key, 'offered', offered)
-  redis.call('HINCRBY', key, 'collected', collected)
-  redis.call('HINCRBY', key, 'pages', pages)
-  redis.call('HINCRBYFLOAT', key, 'seconds', seconds)
+  hincr(key, 'runs', 1)
+  hincr(key, 'offered', offered)
+  hincr(key, 'collected', collected)
+  hincr(key, 'pages', pages)
+  hincr(key, 'seconds', seconds, true)
   redis.call('HSET', key, 'last_run', string.format('%.3f', now))
-  if not ok then redis.call('HINCRBY', key, 'failures', 1) end
+  if not ok then hincr(key, 'failures', 1) end
 end
 -- The moving estimates (recent runs weigh more): one hash per site and one per (product, site), a field per
 -- node, so that the control reads every node's figures for a site in one command.
@@ -145,6 +146,6 @@ redis.call('SADD', estDirtyKey, 's|' .. node .. '|' .. site, 'g|' .. node .. '|'
 redis.call('SADD', estGroupsKey, group .. '|' .. site)
 redis.call('SADD', aggIndexKey, pair)
 redis.call('SADD', aggTriplesKey, group .. '|' .. pair)
-redis.call('HINCRBY', progressKey, group .. '|collected', collected)
-redis.call('HINCRBY', progressKey, group .. '|pages', pages)
+hincr(progressKey, group .. '|collected', collected)
+hincr(progressKey, group .. '|pages', pages)
 return 1

@@ -19,22 +19,44 @@ true) and the tokens granted. Slots: the total held never exceeds the limit by a
 share (limit / nodes holding or asking) so that a newcomer is served as the others' requests finish.
 ]]
 --@include now
+--@include counter
 
 local slotsKey, expiryKey, bucketKey = KEYS[1], KEYS[2], KEYS[3]
 local node = ARGV[1]
 local limit, inflight, want, ttl = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
 local rate, burst, wantTokens = tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8])
 local slots, tokens = 0, 0
+
+-- A holding or a sum that is not a whole number (a hand edit; or the key not a hash) must not stop every node's
+-- requests to the site: a holding reads as none, and the sum is counted again from the holdings.
+local kind = redis.call('TYPE', slotsKey).ok
+if kind ~= 'hash' and kind ~= 'none' then redis.call('DEL', slotsKey) end
+local function held(who)
+  local v = tonumber(redis.call('HGET', slotsKey, who) or '0')
+  if v == nil or v ~= math.floor(v) then redis.call('HSET', slotsKey, who, 0); return 0 end
+  return v
+end
+local function total()
+  local v = tonumber(redis.call('HGET', slotsKey, '|sum') or '0')
+  if v ~= nil and v == math.floor(v) then return v end
+  local sum, all = 0, redis.call('HGETALL', slotsKey)
+  for i = 1, #all, 2 do
+    if all[i] ~= '|sum' then sum = sum + held(all[i]) end
+  end
+  redis.call('HSET', slotsKey, '|sum', sum)
+  return sum
+end
 local keep = math.ceil(ttl * 4)
 
 if limit > 0 then
+  total()  -- a spoiled sum is counted again before anything is added to it
   for _, gone in ipairs(redis.call('ZRANGEBYSCORE', expiryKey, '-inf', now)) do
-    redis.call('HINCRBY', slotsKey, '|sum', -tonumber(redis.call('HGET', slotsKey, gone) or '0'))
+    hincr(slotsKey, '|sum', -held(gone))
     redis.call('HDEL', slotsKey, gone)
     redis.call('ZREM', expiryKey, gone)
   end
-  local mine = tonumber(redis.call('HGET', slotsKey, node) or '0')
-  local others = tonumber(redis.call('HGET', slotsKey, '|sum') or '0') - mine
+  local mine = held(node)
+  local others = total() - mine
   local holders = redis.call('ZCARD', expiryKey)
   if not redis.call('ZSCORE', expiryKey, node) then holders = holders + 1 end
   local fair = math.ceil(limit / holders)
@@ -46,7 +68,7 @@ if limit > 0 then
     redis.call('HDEL', slotsKey, node)
     redis.call('ZREM', expiryKey, node)
   end
-  redis.call('HINCRBY', slotsKey, '|sum', slots - mine)
+  hincr(slotsKey, '|sum', slots - mine)
   redis.call('EXPIRE', slotsKey, keep)
   redis.call('EXPIRE', expiryKey, keep)
 end

@@ -20,6 +20,7 @@ An entry that is not a JSON object of schema 1 with a string id and a numeric ti
 malformed entry with the reason (the Python side validates the rest).
 ]]
 --@include now
+--@include counter
 
 local crawlKey, leasesKey, leaseInfoKey, subtasksKey = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local failedKey, queuedKey, seqKey, countersKey = KEYS[5], KEYS[6], KEYS[7], KEYS[8]
@@ -32,7 +33,7 @@ for _ = 1, maxLook do
   local ok, st = pcall(cjson.decode, raw)
   if ok and type(st) == 'table' and st.v == 1 and type(st.id) == 'string' and st.id ~= ''
       and type(st.time_limit) == 'number' and st.time_limit > 0 then
-    local token = node .. ':' .. redis.call('INCR', seqKey)
+    local token = node .. ':' .. incr(seqKey, 1)
     local hard = now + st.time_limit + grace
     local deadline = math.min(now + leaseTtl, hard)
     redis.call('ZADD', leasesKey, deadline, st.id)
@@ -49,6 +50,6 @@ for _ = 1, maxLook do
   local shown = string.gsub(string.sub(raw, 1, 120), '[^%w%p ]', '?')
   redis.call('LPUSH', failedKey, cjson.encode({v = 1, malformed = true, id = sid, node = node, outcome = 'failed',
     reason = 'malformed subtask in ' .. crawlKey .. ': ' .. why, raw = shown, size = string.len(raw), at = now}))
-  redis.call('HINCRBY', countersKey, 'malformed_subtasks', 1)
+  hincr(countersKey, 'malformed_subtasks', 1)
 end
 return nil
