@@ -7,13 +7,15 @@ What is simulated, and how (docs/strategies.md, "The simulator", gives the calib
   them; the control's allocation only ever sees the window of the lowest priorities, so tasks are created lazily,
   just before they could enter that window (the result is the same as creating them all at once, without the
   memory).
-* **The control** is the real one's decision step: every ``tick`` seconds, and ``wake`` seconds after the last tick
-  when a node reports (the leader waits on its reports between ticks: docs/control.md), the simulator builds the
-  :class:`~scheduler_ext.control.Snapshot` the control would read (reports, failures, their tasks, the work of
-  nodes that left once it is older than the recall age, the live nodes with their free slots, the window of
-  waiting subtasks), calls :func:`scheduler_ext.control.decide` with the strategies, and applies the decisions'
-  writes to its state. Modification, recall and allocation are therefore decided by the same code as in a real
-  cluster; only reading and applying are the simulator's.
+* **The control** is the real one's decision step: every ``tick`` seconds, and ``wake`` seconds after the end of
+  the last tick when a node reports (the leader waits on its reports between ticks: docs/control.md), the
+  simulator builds the :class:`~scheduler_ext.control.Snapshot` the control would read (reports, failures, their
+  tasks, the work of nodes that left once it is older than the recall age, the live nodes with their free slots,
+  the window of waiting subtasks), calls :func:`scheduler_ext.control.decide` with the strategies, and applies
+  the decisions' writes to its state at the tick's end: a tick takes the time :class:`ControlModel` says, reads
+  at most ``batch`` reports, failures and lost subtasks, and no tick starts before the previous one ended.
+  Modification, recall and allocation are therefore decided by the same code as in a real cluster; only reading
+  and applying are the simulator's.
 * **A node** (the real node's ``Pace``, docs/node.md) holds up to ``requests`` subtasks at once and takes the next
   subtask of its crawl queue whenever it has room: fewer than ``concurrency`` of its pages wait to start (at once
   after a finish or when a page starts, and as an entry reaches its crawl queue: an idle node waits on it). The
@@ -121,7 +123,7 @@ class ControlModel:
     changes nothing there; at a thousand nodes they take a good part of a second, and the real control ticks
     that much less often than ten times a second. Calibrated on this machine (docs/strategies.md, "The
     simulator"): the decisions from the simulator's own :func:`~scheduler_ext.control.decide` at 12 and 1,000
-    nodes, the reads and writes from ``benchmarks/bench_control.py``. ``ControlModel.FREE`` is a control whose
+    nodes, the reads and writes from ``benchmarks/bench_control.py``. :data:`FREE_CONTROL` is a control whose
     ticks take no time (the simulator's former model)."""
 
     base: float = 0.002
