@@ -1,7 +1,7 @@
 """Scheduling quality at scale, on the cluster simulator: bandit vs the paper's strategies vs a FIFO queue vs the best
 possible, on generated families of profiles (scheduler_ext/sim/families.py), with the distribution of the ratios.
 
-    python benchmarks/bench_quality.py [--nodes 12] [--sites 8] [--products 4] [--duration 300] [--seeds 5]
+    python benchmarks/bench_quality.py [--nodes 12] [--sites 8] [--products 16] [--duration 300] [--seeds 5]
                                        [--seed-start 0] [--families all] [--scale]
                                        [--out benchmarks/results/bench_quality.json]
 
@@ -140,7 +140,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--nodes", type=int, default=12)
     p.add_argument("--sites", type=int, default=8)
-    p.add_argument("--products", type=int, default=4)
+    p.add_argument("--products", type=int, default=16)
     p.add_argument("--duration", type=float, default=300.0)
     p.add_argument("--seeds", type=int, default=5)
     p.add_argument("--seed-start", type=int, default=0, help="the first seed: worlds --seed-start .. + --seeds - 1")
