@@ -84,9 +84,9 @@ class RedisStatsCollector(MemoryStatsCollector):
             raise
         # The transaction ran every increment; one whose field held no number (a hand edit) failed alone: that
         # field starts over from this delta, rather than failing (and resending everything) at every flush.
-        spoiled = [(key, name, delta) for (key, name, delta), r in zip(sent, results, strict=True)
-                   if isinstance(r, redis.ResponseError)]
-        for key, name, delta in spoiled:
+        for (key, name, delta), result in zip(sent, results, strict=True):
+            if not isinstance(result, redis.ResponseError):
+                continue
             logger.warning("stat %s in %s held no number; counted again from %s", name, key, delta)
             self.redis.hset(key, name, int(delta) if float(delta).is_integer() else delta)
 
