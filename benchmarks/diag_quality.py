@@ -29,14 +29,18 @@ from bench_quality import tasks_for  # noqa: E402
 from scheduler_ext.sim import Simulation  # noqa: E402
 from scheduler_ext.sim.bound import SiteWork, best_possible  # noqa: E402
 from scheduler_ext.sim.configs import CONFIGS  # noqa: E402
+from scheduler_ext.sim.engine import NodeModel  # noqa: E402
 from scheduler_ext.sim.families import generate  # noqa: E402
 from scheduler_ext.sim.world import PAGE_SIZE  # noqa: E402
 
 
+MODEL = NodeModel()
+
+
 def true_rate(b: Any) -> float:
     """Results a second of a pair alone on a node (bound.py's r[n,s], the simulator's default node model)."""
-    cpu = b.served * (0.035 + PAGE_SIZE * b.share * 0.002)
-    pace = min(8 / max(b.latency, 1e-3), 1 / max(cpu, 1e-6))
+    cpu = b.served * (MODEL.page_cpu + PAGE_SIZE * b.share * MODEL.item_cpu)
+    pace = min(MODEL.concurrency / max(b.latency, 1e-3), 1 / max(cpu, 1e-6))
     return pace * b.served * b.share * PAGE_SIZE
 
 
@@ -99,7 +103,7 @@ class Diag(Simulation):
         st, t = run.st, run.started
         self.task_of[st.id] = st.task
         self.qwaits.append(t - self.queued_at.pop(st.id, t))
-        self.d["cpu"] += report.pages * 0.035 + report.collected * 0.002
+        self.d["cpu"] += report.pages * MODEL.page_cpu + report.collected * MODEL.item_cpu
         rates = {n: true_rate(self.world.behaviour(n, st.site, t)) for n in self.nodes if self.live(n)}
         q = rates[run.node] / max(max(rates.values()), 1e-9)
         dur = ended - t
@@ -124,7 +128,7 @@ def main() -> None:
     p.add_argument("--seeds", type=int, default=5)
     p.add_argument("--nodes", type=int, default=12)
     p.add_argument("--sites", type=int, default=8)
-    p.add_argument("--products", type=int, default=4)
+    p.add_argument("--products", type=int, default=16)
     p.add_argument("--duration", type=float, default=300.0)
     args = p.parse_args()
     for family in args.families.split(","):

@@ -482,6 +482,38 @@ def test_relative_modification_shrinks_only_where_a_node_does_better() -> None:
         paper.next_limits(report, FakeEstimates().set("a.com", "n1", 0.3, 0.2))
 
 
+def test_relative_modification_shrinks_where_the_node_has_better_work_elsewhere() -> None:
+    # Nobody does better than 30 % on a.com; n1 is served 95 % of b.com, where it ran 10 s ago: its subtasks on
+    # a.com come back sooner (the paper's share of the pages) so that it returns to b.com's work.
+    def estimates(runs_on_b: int, pages_a_run: int) -> MemoryEstimates:
+        est = MemoryEstimates()
+        for node in ("n1", "n2"):
+            for _ in range(5):
+                est.finish(site="a.com", group="g", node=node, offered=100, collected=30, pages=10, seconds=2.0,
+                           ok=True, now=NOW)
+        for _ in range(runs_on_b):
+            est.finish(site="b.com", group="g", node="n1", offered=10 * pages_a_run, collected=19 * pages_a_run // 2,
+                       pages=pages_a_run, seconds=2.0, ok=True, now=NOW)
+        est.read()
+        return est
+
+    def pages(mod: RelativeModification, est: MemoryEstimates, site: str, ended: float) -> int:
+        return mod.next_limits(_report(subtask=st("s1", site=site), ended=ended, collected=3), est)[0]
+
+    est = estimates(5, 10)
+    mod = RelativeModification(recall_threshold=20.0)
+    assert pages(mod, est, "a.com", NOW) == 10  # no run of n1 on b.com reported yet: as good as any node
+    pages(mod, est, "b.com", NOW - 10)
+    assert pages(mod, est, "a.com", NOW) == 3  # round(2 x 0.3 / 0.95 x 5)
+    # Its run on b.com is older than twice the recall threshold: b.com's work may be gone; the full pages again.
+    assert pages(mod, est, "a.com", NOW + 35) == 10
+    # A share elsewhere that rests on one page is believed only as far as a page can tell (a lower bound of it):
+    # among many sites, one lucky page must not shrink a node that is as good as any on every site.
+    mod, est = RelativeModification(recall_threshold=20.0), estimates(1, 1)
+    pages(mod, est, "b.com", NOW - 10)
+    assert 3 < pages(mod, est, "a.com", NOW) < 10
+
+
 def test_fixed_modification_is_constant() -> None:
     mod = FixedModification(page_limit=7, time_limit=12.5)
     est = FakeEstimates().set("a.com", "n1", 0.1, 9.0)
@@ -733,42 +765,54 @@ def test_bandit_never_explores_with_a_subtask_that_failed_already() -> None:
     assert assigned(BanditAllocation().allocate([avoiding], [node("n1"), node("n2")], est, NOW)) == {"s2": "n2"}
 
 
-def test_bandit_sends_a_recalled_subtask_to_a_node_that_finishes_runs() -> None:
+def test_bandit_sends_a_recalled_subtask_on_its_last_run_to_a_node_that_finishes_runs() -> None:
     # n1 (good) failed the subtask: avoided. n2 collects fast but a captcha ends every run; n3 is slow and finishes.
     blocked = [(2, 20, 19, 0.4, False)] * 6
     slow = [(10, 100, 30, 2.0, True)] * 6
     est = SumsEstimates().runs("a.com", "n1", GOOD, GOOD, GOOD).runs("a.com", "n2", *blocked).runs("a.com", "n3", *slow)
     posts, _ = BanditAllocation().posteriors("g", "a.com", est, NOW)
     assert posts["n2"].mean > 2 * posts["n3"].mean  # by rate alone, the blocked node
-    recalled = replace(st("s1"), attempt=1, avoid=["n1"])
     nodes = [node("n1"), node("n2"), node("n3")]
-    assert assigned(BanditAllocation().allocate([recalled], nodes, est, NOW)) == {"s1": "n3"}
+    # With runs to spare, a failure on n2 keeps what it collected and costs one of them; n3 is there for the rest.
+    spare = replace(st("s1"), attempt=1, avoid=["n1"])
+    assert assigned(BanditAllocation(recall_max=5).allocate([spare], nodes, est, NOW)) == {"s1": "n2"}
+    # On its last run a failure dead-letters the subtask and stops its task: the node that finishes runs.
+    last = replace(st("s1"), attempt=4, avoid=["n1"])
+    assert assigned(BanditAllocation(recall_max=5).allocate([last], nodes, est, NOW)) == {"s1": "n3"}
+    # With no node that finishes runs to fall back on, a run to spare is worth little on a node that never does.
+    est.runs("a.com", "n3", *[(10, 100, 30, 2.0, False)] * 12)
+    both = [replace(st("s2"), attempt=3, avoid=["n1"]), spare]  # s2 first in priority
+    weighed = BanditAllocation(recall_max=5).allocate(both, [node("n1"), node("n2", 1), node("n3", 0)], est, NOW)
+    assert assigned(weighed) == {"s1": "n2"}  # n2's one slot: the subtask with more runs to spare
 
 
 class _PlainRetryBandit(BanditAllocation):
     """The bandit with the plain weighing of a recalled subtask's class: every class walks the ranking and the
     free list itself (the specification that :class:`bandit._Weighing` shares between classes)."""
 
-    def _retry_class(self, site: Any, excluded: set[str], rates: dict[str, float], classes: dict[Any, Any]) -> Any:
-        ck = ("retry", id(site), frozenset(excluded), *sorted(rates.items()))
+    def _retry_class(self, site: Any, excluded: set[str], rates: dict[str, float], classes: dict[Any, Any],
+                     runs_left: int) -> Any:
+        ck = ("retry", runs_left, id(site), frozenset(excluded), *sorted(rates.items()))
         if ck not in classes:
             sums, c, fl = site.ranking.data[0], site.ranking.c, site.free_list(float("inf"))
-            finishing: dict[str, float] = {}
-
-            def weigh(nid: str) -> None:
-                finishing[nid] = rates.get(nid, c[nid]) * (1.0 - (sums[nid].fl + 0.5) / (sums[nid].n + 1.0))
-
+            weighed: list[str] = []
             for _, _, nid in site.ranking.by_rate:
-                if len(finishing) >= bandit_module.RETRY_SAMPLE:
+                if len(weighed) >= bandit_module.RETRY_SAMPLE:
                     break
                 if nid not in excluded:
-                    weigh(nid)
+                    weighed.append(nid)
             i, taken = fl.first(0, site.free), 0
             while i < len(fl.rows) and taken < bandit_module.RETRY_SAMPLE:
                 if fl.rows[i][2] not in excluded:
-                    weigh(fl.rows[i][2])
+                    if fl.rows[i][2] not in weighed:
+                        weighed.append(fl.rows[i][2])
                     taken += 1
                 i = fl.first(i + 1, site.free)
+            finishes = {nid: 1.0 - (sums[nid].fl + 0.5) / (sums[nid].n + 1.0) for nid in weighed}
+            finishing: dict[str, float] = {}
+            for nid, f in finishes.items():  # this run finishes, or a later one on the most reliable other node
+                other = max((g for m, g in finishes.items() if m != nid), default=0.0)
+                finishing[nid] = rates.get(nid, c[nid]) * (f + (1.0 - f) * (1.0 - (1.0 - other) ** (runs_left - 1)))
             classes[ck] = bandit_module._Class(site, set(excluded), finishing, float("-inf"), self.rate_floor)
         return classes[ck]
 

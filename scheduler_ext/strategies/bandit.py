@@ -55,6 +55,7 @@ from __future__ import annotations
 
 import bisect
 import functools
+import heapq
 import math
 import operator
 import random
@@ -283,16 +284,19 @@ class _Weighing:
             self.reach = want
         return frozenset(excluded.intersection(self.near))
 
-    def weigh(self, excluded: set[str] | frozenset[str], rates: Mapping[str, float]) -> dict[str, float]:
-        """Node -> its rate (``rates`` where given, else the site's) times the probability its run finishes, for
-        the best-rated candidates not ``excluded`` (busy ones included: late binding) and the best free ones."""
+    def weigh(self, excluded: set[str] | frozenset[str], rates: Mapping[str, float],
+              runs: int = 1) -> dict[str, float]:
+        """Node -> its rate (``rates`` where given, else the site's) times the probability that a subtask with
+        ``runs`` runs left finishes if the node runs it now and the most reliable other candidate the rest
+        (:meth:`BanditAllocation._retry_class`), for the best-rated candidates not ``excluded`` (busy ones
+        included: late binding) and the best free ones."""
         c: dict[str, float] = self.c
-        finishing: dict[str, float] = {}
+        weighed: list[str] = []
         for _, _, nid in self.by_rate:
-            if len(finishing) >= RETRY_SAMPLE:
+            if len(weighed) >= RETRY_SAMPLE:
                 break
             if nid not in excluded:
-                finishing[nid] = rates.get(nid, c[nid]) * self._finishes(nid)
+                weighed.append(nid)
         i, taken = 0, 0
         while taken < RETRY_SAMPLE:
             free_id = self._free_id(i)
@@ -300,15 +304,24 @@ class _Weighing:
                 break
             i += 1
             if free_id not in excluded:
-                finishing[free_id] = rates.get(free_id, c[free_id]) * self._finishes(free_id)
+                if free_id not in weighed:
+                    weighed.append(free_id)
                 taken += 1
+        f = {nid: self._finishes(nid) for nid in weighed}
+        first, second = heapq.nlargest(2, f.values()) if len(f) >= 2 else (*f.values(), 0.0, 0.0)[:2]
+        finishing: dict[str, float] = {}
+        for nid, fn in f.items():
+            rest = 1.0 - (1.0 - (second if fn == first else first)) ** (runs - 1)  # a later run finishes
+            finishing[nid] = rates.get(nid, c[nid]) * (fn + (1.0 - fn) * rest)
         return finishing
 
 
 class BanditAllocation(Allocation):
     def __init__(self, *, rate_floor: float = 0.6, patience: float = 30.0, explore_share: float = 0.2,
-                 half_life: float = 30.0, explore_timeout: float = 60.0, seed: int | None = 0) -> None:
+                 half_life: float = 30.0, explore_timeout: float = 60.0, recall_max: int = 5,
+                 seed: int | None = 0) -> None:
         self.rate_floor = rate_floor
+        self.recall_max = recall_max  # runs a subtask gets before it is dead-lettered (SCHEDEXT_RECALL_MAX)
         self.patience = patience
         self.explore_share = explore_share
         self.half_life = half_life  # the prior's: the effective one is learnt (:attr:`effective_half_life`)
@@ -336,7 +349,8 @@ class BanditAllocation(Allocation):
     def from_crawler(cls, crawler: Any) -> BanditAllocation:
         c = config_for(crawler)
         return cls(rate_floor=c.rate_floor, patience=c.patience, explore_share=c.explore_share,
-                   half_life=c.estimate_half_life, explore_timeout=c.recall_age, seed=c.bandit_seed)
+                   half_life=c.estimate_half_life, explore_timeout=c.recall_age, recall_max=c.recall_max,
+                   seed=c.bandit_seed)
 
     # --- the posteriors of one (product, site) ------------------------------------------------------------------
     def posteriors(self, group: str, site: str, estimates: Estimates, now: float,
@@ -520,7 +534,8 @@ class BanditAllocation(Allocation):
                 site = sites[(st.site, st.type)] = _Site(st.site, ranking, free)
             avoided = site.ranking.ids.intersection(st.avoid)
             excluded = avoided if avoided != site.ranking.ids else set()  # none else alive: the avoided will do
-            cls = self._class(site, st.group, excluded, estimates, now, classes, st.attempt > 0)  # found if made
+            runs_left = max(1, self.recall_max - st.attempt) if st.attempt > 0 else 0
+            cls = self._class(site, st.group, excluded, estimates, now, classes, runs_left)  # found if made
             window.append((order, st, cls))
             if cls.known:
                 cls.queues[now - st.since < self.patience].append((order, st))
@@ -627,17 +642,18 @@ class BanditAllocation(Allocation):
         return out
 
     def _class(self, site: _Site, group: str, excluded: set[str], estimates: Estimates, now: float,
-               classes: dict[tuple[Any, ...], _Class], retry: bool = False) -> _Class:
+               classes: dict[tuple[Any, ...], _Class], runs_left: int = 0) -> _Class:
         """The class of ``group``'s subtasks on the site excluding ``excluded``: a node that ran this product
         there is rated with the pace of those runs (a refined posterior), every other from the site's ranking.
-        ``retry``: the class of subtasks that failed already (:meth:`_retry_class`)."""
+        ``runs_left`` > 0: the class of subtasks that failed already and have that many runs left before they are
+        dead-lettered (:meth:`_retry_class`)."""
         sums, theta0, rho0, _, _ = site.ranking.data
         per_group = group_sums(estimates, group, site.site) if sums else {}
         paces = {nid: pace for nid, pace in per_group.items() if nid in site.ranking.c and nid not in excluded}
         rates = {nid: expected_rate(sums[nid], now=now, half_life=EXPLOIT, theta0=theta0, rho0=rho0,
                                     pace=pace) for nid, pace in paces.items()}
-        if retry:
-            return self._retry_class(site, excluded, rates, classes)
+        if runs_left:
+            return self._retry_class(site, excluded, rates, classes, runs_left)
         if not rates:  # most products: the site's class
             ck: tuple[Any, ...] = (id(site), frozenset(excluded) if excluded else NOBODY)
             cls = classes.get(ck)
@@ -652,13 +668,16 @@ class BanditAllocation(Allocation):
         return cls
 
     def _retry_class(self, site: _Site, excluded: set[str], rates: dict[str, float],
-                     classes: dict[tuple[Any, ...], _Class]) -> _Class:
-        """The class of subtasks that failed already: each recall counts towards ``SCHEDEXT_RECALL_MAX``, after
-        which the subtask is dead-lettered and its task stops with every result it has left. So such a subtask
-        is worth to a node only the results of the runs that *finish*: its expected rate times the posterior
-        probability that a run of the pair does not fail, ``1 - (fl + 1/2) / (n + 1)`` (failed runs over runs,
-        Jeffreys' prior). A node whose pages are mostly blocked collects fast while it lasts, and almost never
-        finishes a run: it ranks last, where by rate alone it ranked above a slow node that does finish.
+                     classes: dict[tuple[Any, ...], _Class], runs_left: int) -> _Class:
+        """The class of subtasks that failed already and have ``runs_left`` runs before ``SCHEDEXT_RECALL_MAX``
+        dead-letters them, and their task stops with every result it has left. A run that fails costs such a
+        subtask one of those runs: its results are worth to a node as much as the subtask is likely to finish
+        before it is dead-lettered. With ``f`` the posterior probability that a run of the pair finishes,
+        ``1 - (fl + 1/2) / (n + 1)`` (failed runs over runs, Jeffreys' prior), and its remaining runs on nodes
+        like this one, that is ``1 - (1 - f)^runs_left``: the node is rated by its expected rate times that. On
+        the last run it is ``f``: a node whose pages are mostly blocked collects fast while it lasts and almost
+        never finishes a run, so it ranks last there, where by rate alone it ranked above a slow node that does
+        finish; with runs to spare a failure costs little, and the fast node is worth its rate.
         The :data:`RETRY_SAMPLE` best-rated candidates (busy ones included: late binding) and as many best-rated
         free ones are weighed; the floor and patience apply to the products, as for any class."""
         weighing = site.memo.get("retry")
@@ -666,17 +685,17 @@ class BanditAllocation(Allocation):
             weighing = site.memo["retry"] = _Weighing(site)
         relevant = weighing.relevant(excluded)  # subtasks avoiding different nodes mostly weigh alike
         ordered = sorted(rates.items())
-        ck = ("retry", id(site), relevant, *ordered)
+        ck = ("retry", runs_left, id(site), relevant, *ordered)
         cls = classes.get(ck)
         if cls is None:
-            cls = classes[ck] = _Class(site, set(relevant), weighing.weigh(relevant, rates), -math.inf,
+            cls = classes[ck] = _Class(site, set(relevant), weighing.weigh(relevant, rates, runs_left), -math.inf,
                                        self.rate_floor)
         if cls.top <= 0 and len(relevant) < len(excluded):  # such a class explores: it must skip all it avoids
-            ck = ("retry", id(site), frozenset(excluded), *ordered)
+            ck = ("retry", runs_left, id(site), frozenset(excluded), *ordered)
             cls = classes.get(ck)
             if cls is None:
-                cls = classes[ck] = _Class(site, set(excluded), weighing.weigh(relevant, rates), -math.inf,
-                                           self.rate_floor)
+                cls = classes[ck] = _Class(site, set(excluded), weighing.weigh(relevant, rates, runs_left),
+                                           -math.inf, self.rate_floor)
         return cls
 
     def _match(self, explore: list[tuple[float, int, bool, Subtask, str, bool]], classes: Iterable[_Class],

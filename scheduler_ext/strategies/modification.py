@@ -30,6 +30,7 @@ from typing import Any
 from ..config import config_for
 from ..models import Report
 from . import Estimates, Modification
+from .posterior import Sums
 
 
 class FixedModification(Modification):
@@ -86,11 +87,18 @@ class DynamicModification(Modification):
         s = estimates.seconds_per_page(st.group, st.site, report.node)
         completion = c.value if c is not None else (report.collected / report.offered if report.offered else None)
         spp = s.value if s is not None else (report.seconds / report.pages if report.pages else None)
-        return self.limits(self._completion(completion, st.site, estimates), spp)
+        return self.limits(self._completion(completion, report, estimates), spp)
 
-    def _completion(self, completion: float | None, site: str, estimates: Estimates) -> float | None:
+    def _completion(self, completion: float | None, report: Report, estimates: Estimates) -> float | None:
         """The completion the page count follows: the node's own, in the paper's rule."""
         return completion
+
+
+def surely(sums: Sums, z: float = 1.0) -> float:
+    """A lower bound of the pair's served share that its evidence makes sure of: the posterior mean less ``z``
+    standard deviations (Jeffreys' prior; ``pages`` is the evidence's weight). Few pages bound it near 0."""
+    p = (sums.got + 0.5) / (sums.pages + 1.0)
+    return max(0.0, p - z * math.sqrt(p * (1.0 - p) / (sums.pages + 2.0)))
 
 
 class RelativeModification(DynamicModification):
@@ -104,19 +112,30 @@ class RelativeModification(DynamicModification):
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self._best: dict[str, tuple[Any, float]] = {}  # site -> (the sums mapping it was read from, best completion)
+        # node -> site -> (its completion there, when its last run there ended), from the reports seen
+        self._seen: dict[str, dict[str, tuple[float, float]]] = {}
+        self.horizon = 4 * self.budget  # twice the recall threshold: how long a node's other work counts
 
-    def _completion(self, completion: float | None, site: str, estimates: Estimates) -> float | None:
+    def _completion(self, completion: float | None, report: Report, estimates: Estimates) -> float | None:
         get = getattr(estimates, "site_sums", None)
         if completion is None or get is None:
             return completion
+        site, node, now = report.subtask.site, report.node, report.ended
         sums = get(site)
         hit = self._best.get(site)
         if hit is None or hit[0] is not sums:
             best = 0.0
-            for node in sums:
-                e = estimates.completion(site, node)
+            for other in sums:
+                e = estimates.completion(site, other)
                 if e is not None and e.value > best:
                     best = e.value
             hit = self._best[site] = (sums, best)
-        best = max(hit[1], completion)
+        if node not in self._seen and len(self._seen) >= 65536:
+            self._seen.clear()  # nodes that came and went: start over (a node's next report refills its own)
+        seen = self._seen.setdefault(node, {})
+        mine = sums.get(node)
+        if mine is not None:
+            seen[site] = (surely(mine), now)
+        elsewhere = max((c for s, (c, t) in seen.items() if s != site and now - t <= self.horizon), default=0.0)
+        best = max(hit[1], elsewhere, completion)
         return completion / best if best > 0 else completion
