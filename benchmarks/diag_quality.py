@@ -33,7 +33,6 @@ from scheduler_ext.sim.engine import NodeModel  # noqa: E402
 from scheduler_ext.sim.families import generate  # noqa: E402
 from scheduler_ext.sim.world import PAGE_SIZE  # noqa: E402
 
-
 MODEL = NodeModel()
 
 
