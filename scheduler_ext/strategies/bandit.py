@@ -36,7 +36,8 @@ Per tick, over the window of waiting subtasks the control passes (priority order
    then the highest expected rate, then priority).
 
 A subtask that failed already (``attempt > 0``) is one failure closer to the dead-letter list, where its task stops:
-it is rated by its expected rate times the probability that a run of the pair finishes (:meth:`_retry_class`).
+it is rated by its expected rate times the probability that it finishes before it is dead-lettered, if this node
+runs it now and the most reliable other candidate runs the rest (:meth:`_retry_class`).
 
 Cost per tick: the paper's allocation's mechanism (:class:`~scheduler_ext.strategies.allocation.Rankings`, its
 classes and greedy): each (site, node type) ranks its nodes by expected rate once and keeps that ranking until the

@@ -17,7 +17,9 @@ any node has on the site, ``c / max_n c(site, n)``. The paper shrinks a subtask 
 the task comes back sooner for a better node; where no node does better (every node is served a third of a site's
 results, say), shrinking only multiplies the per-subtask costs (the take, the report, the wait for a tick), so the
 node gets the full page count; where a better node exists, the page count shrinks with the node's share of its
-completion.
+completion. The node's own better work counts too: where it was recently served surely more of another site (a
+lower bound of its share there, from a run within twice the recall threshold), its subtask here comes back sooner
+so that the node returns to that work (docs/strategies.md).
 
 :class:`FixedModification` (baseline): always ``SCHEDEXT_PAGE_LIMIT`` pages and ``SCHEDEXT_TIME_LIMIT`` seconds.
 """
