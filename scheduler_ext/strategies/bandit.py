@@ -337,7 +337,8 @@ class BanditAllocation(Allocation):
         # Explorations granted by the changes found (see _watch): spent on pairs whose evidence is stale only
         self.granted = 0.0
         self._pairs: dict[str, int] = {}  # site -> pairs with runs on it
-        self._exploring: dict[tuple[str, str], float] = {}  # (site, node) -> when an exploration was sent
+        self._exploring: dict[tuple[str, str], float] = {}  # (site, node) -> when an exploration was sent, in order
+        self._sums_of: Any = None  # the tick's estimates' site_sums (see _in_flight)
         self._rankings = Rankings()  # (site, type) -> nodes ranked by expected rate, kept across ticks
         self.explored = 0  # explorations sent (for stats and tests)
         # Sums -> (prior, when, posterior): a pair's posterior changes with a new run (new sums) or the prior, and
@@ -511,7 +512,7 @@ class BanditAllocation(Allocation):
             return []
         if self.credit is None:
             self.credit = float(len(nodes))
-        self._exploring = self._in_flight(estimates, now)
+        self._expire(estimates, now)
         free_by_type: dict[int, list[str]] = {}
         for n in nodes:
             for t in n.types:
@@ -570,7 +571,7 @@ class BanditAllocation(Allocation):
             return False
 
         explore: list[tuple[float, int, bool, Subtask, str, bool]] = []
-        exploring = self._exploring
+        in_flight = self._in_flight
         half_life = self.effective_half_life
         hazard = self.hazard
         changes = self._changes
@@ -603,7 +604,7 @@ class BanditAllocation(Allocation):
                     continue  # avoided (or too slow: never for the bandit)
                 else:
                     known = site_rates.get(nid)
-                if known is not None and known >= floor and known > 0 or (st.site, nid) in exploring:
+                if known is not None and known >= floor and known > 0 or in_flight((st.site, nid), now):
                     continue  # exploiting it would do, or it is being explored
                 s = seen = sums.get(nid)  # s: the evidence drawn from (None: the prior)
                 if s is not None and s.t < site_change(sums):
@@ -622,25 +623,36 @@ class BanditAllocation(Allocation):
                                 seen is not None and s is None))
         return self._match(explore, classes.values(), free, now, len(nodes))
 
-    def _in_flight(self, estimates: Estimates, now: float) -> dict[tuple[str, str], float]:
-        """The explorations still counted as in flight: sent less than ``explore_timeout`` ago (the recall age: a run
-        that has not reported by then is recalled), and whose pair has had no blank run since (``Sums.bl``: a run
-        that crawled no page and failed from errors). A blank run measured almost nothing (one failed page of share,
-        no pace): the pair is as unexplored as before, and its draws decide again at once. Any other report keeps
-        the lock until the recall age, or the budget goes to the same few pairs again and again (measured: see
-        docs/strategies.md). On the benchmarks' unlucky worlds a suited pair whose first run failed at 1 s could not
-        be tried again before 20 s; its errors stopped at 3 to 8 s."""
-        get = getattr(estimates, "site_sums", None)  # estimates without sums have no blank runs to tell
-        out = {}
-        for key, sent in self._exploring.items():
-            if now - sent >= self.explore_timeout:
-                continue
-            if get is not None:
-                s = get(key[0]).get(key[1])
-                if s is not None and s.bl > sent:
-                    continue
-            out[key] = sent
-        return out
+    def _in_flight(self, key: tuple[str, str], now: float) -> bool:
+        """True while an exploration of the pair ``key`` counts as in flight: sent less than ``explore_timeout`` ago
+        (the recall age: a run that has not reported by then is recalled), and no blank run of the pair since
+        (``Sums.bl``: a run that crawled no page and failed from errors). A blank run measured almost nothing (one
+        failed page of share, no pace): the pair is as unexplored as before, and its draws decide again at once. Any
+        other report keeps the lock until the recall age, or the budget goes to the same few pairs again and again
+        (measured: see docs/strategies.md). On the benchmarks' unlucky worlds a suited pair whose first run failed at
+        1 s could not be tried again before 20 s; its errors stopped at 3 to 8 s. Asked of the pairs a tick
+        considers only (:meth:`_expire` drops the lapsed ones in the order they were sent)."""
+        sent = self._exploring.get(key)
+        if sent is None:
+            return False
+        if now - sent < self.explore_timeout:
+            s = self._sums_of(key[0]).get(key[1]) if self._sums_of is not None else None
+            if s is None or s.bl <= sent:
+                return True
+        del self._exploring[key]
+        return False
+
+    def _expire(self, estimates: Estimates, now: float) -> None:
+        """Starts a tick: the explorations sent ``explore_timeout`` ago or more are no longer in flight. They are
+        kept in the order they were sent (a pair is sent again only once its entry is gone), so the lapsed ones are
+        the first: O(lapsed), however many are in flight."""
+        self._sums_of = getattr(estimates, "site_sums", None)  # estimates without sums have no blank runs to tell
+        exploring = self._exploring
+        while exploring:
+            key, sent = next(iter(exploring.items()))
+            if now - sent < self.explore_timeout:
+                break
+            del exploring[key]
 
     def _class(self, site: _Site, group: str, excluded: set[str], estimates: Estimates, now: float,
                classes: dict[tuple[Any, ...], _Class], runs_left: int = 0) -> _Class:
@@ -706,7 +718,7 @@ class BanditAllocation(Allocation):
         assert self.credit is not None
         explore.sort(key=operator.itemgetter(0, 1))  # highest draw / best first, then priority
         for _, _, needed, st, nid, stale in explore:
-            if st.id in assigned or free.get(nid, 0) <= 0 or (st.site, nid) in self._exploring:
+            if st.id in assigned or free.get(nid, 0) <= 0 or self._in_flight((st.site, nid), now):
                 continue
             if not needed:
                 if self.credit >= 1:
