@@ -83,13 +83,16 @@ class Pace:
     ``ready``: pages that should wait ready to download (Scrapy's ``CONCURRENT_REQUESTS_PER_DOMAIN``, capped by
     ``CONCURRENT_REQUESTS``); ``max_leases``: subtasks held at once at most (``SCHEDEXT_CONCURRENT_SUBTASKS``, or
     ``CONCURRENT_REQUESTS``: one per request slot); ``prefetch``: a fixed prefetch (``SCHEDEXT_PREFETCH``) or None
-    for the adaptive one, which starts at ``prefetch_min`` and stays within ``prefetch_max``.
+    for the adaptive one, which starts at ``prefetch_min`` and stays within ``prefetch_max``. ``prefetch_min`` is
+    the subtasks that fill the node's ready pages once (``ceil(ready / SCHEDEXT_PAGE_LIMIT)``): a node starts no more
+    at a time, and what waits beyond that in its queue is committed to it while another node may be idle
+    (docs/node.md).
     """
 
     ready: int = 8
     max_leases: int = 16
     prefetch: int | None = None
-    prefetch_min: int = 5
+    prefetch_min: int = 2
     prefetch_max: int = 64
     tick: float = 1.0
 
@@ -99,13 +102,13 @@ class Pace:
 
         >>> from scrapy.settings import Settings
         >>> Pace.from_config(Config(), Settings())
-        Pace(ready=8, max_leases=16, prefetch=None, prefetch_min=5, prefetch_max=64, tick=1.0)
+        Pace(ready=8, max_leases=16, prefetch=None, prefetch_min=2, prefetch_max=64, tick=1.0)
         >>> Pace.from_config(Config(concurrent_subtasks=1, prefetch=2), Settings({"CONCURRENT_REQUESTS": 4}))
         Pace(ready=4, max_leases=1, prefetch=2, prefetch_min=2, prefetch_max=16, tick=1.0)
         """
         requests = max(1, settings.getint("CONCURRENT_REQUESTS"))
         ready = max(1, min(requests, settings.getint("CONCURRENT_REQUESTS_PER_DOMAIN")))
-        start = math.ceil(requests / config.page_limit) + 1 if config.prefetch is None else config.prefetch
+        start = math.ceil(ready / config.page_limit) if config.prefetch is None else config.prefetch
         return cls(ready=ready, max_leases=config.concurrent_subtasks or requests, prefetch=config.prefetch,
                    prefetch_min=start, prefetch_max=max(start, 4 * requests), tick=config.tick_interval)
 

@@ -211,7 +211,7 @@ class Simulation:
         self.cpu_free: dict[str, float] = dict.fromkeys(self.nodes, 0.0)
         self.next_start: dict[str, float] = dict.fromkeys(self.nodes, 0.0)  # a node's next page, by its delay
         self.starts: dict[str, list[float]] = {n: [] for n in self.nodes}  # start times of pages not yet started
-        self.prefetch_min = math.ceil(m.requests / max(1, page_limit)) + 1
+        self.prefetch_min = math.ceil(m.concurrency / max(1, page_limit))
         self.prefetch_max = max(self.prefetch_min, 4 * m.requests)
         self.prefetch = {n.id: self.prefetch_min if n.prefetch is None else n.prefetch for n in nodes}
         self._takes: dict[str, int] = dict.fromkeys(self.nodes, 0)

@@ -683,14 +683,15 @@ class BanditAllocation(Allocation):
     def _retry_class(self, site: _Site, excluded: set[str], rates: dict[str, float],
                      classes: dict[tuple[Any, ...], _Class], runs_left: int) -> _Class:
         """The class of subtasks that failed already and have ``runs_left`` runs before ``SCHEDEXT_RECALL_MAX``
-        dead-letters them, and their task stops with every result it has left. A run that fails costs such a
-        subtask one of those runs: its results are worth to a node as much as the subtask is likely to finish
-        before it is dead-lettered. With ``f`` the posterior probability that a run of the pair finishes,
-        ``1 - (fl + 1/2) / (n + 1)`` (failed runs over runs, Jeffreys' prior), and its remaining runs on nodes
-        like this one, that is ``1 - (1 - f)^runs_left``: the node is rated by its expected rate times that. On
-        the last run it is ``f``: a node whose pages are mostly blocked collects fast while it lasts and almost
-        never finishes a run, so it ranks last there, where by rate alone it ranked above a slow node that does
-        finish; with runs to spare a failure costs little, and the fast node is worth its rate.
+        dead-letters them, and their task stops with every result it has left. What a failed run collected is
+        kept; what the failure costs is one of those runs. So the node is rated by its expected rate times the
+        probability that the subtask finishes before it is dead-lettered if this node runs it now and its later
+        runs go to the most reliable other candidate weighed: ``f + (1 - f) (1 - (1 - q)^(runs_left - 1))``, for
+        ``f`` the posterior probability that a run of the pair finishes, ``1 - (fl + 1/2) / (n + 1)`` (failed runs
+        over runs, Jeffreys' prior), and ``q`` that of the other node. On the last run it is ``f``: a node whose
+        pages are mostly blocked collects fast while it lasts and almost never finishes a run, so it ranks below a
+        slow node that does finish; with runs to spare and a node that finishes to fall back on, it is worth about
+        its rate.
         The :data:`RETRY_SAMPLE` best-rated candidates (busy ones included: late binding) and as many best-rated
         free ones are weighed; the floor and patience apply to the products, as for any class."""
         weighing = site.memo.get("retry")
