@@ -416,13 +416,16 @@ def test_both_weibo_engines_read_every_weibo_page_alike(expected: Path) -> None:
     assert sweibo.parse(response) == weibo.parse(response)
 
 
-def test_search_spider_sends_the_engine_session_cookie_with_every_page() -> None:
+def test_search_spider_sends_the_engine_session_cookie_with_every_page(redis_url: str) -> None:
     from scrapy.utils.test import get_crawler
 
     from product_crawl.spiders.search import SearchSpider
     from scheduler_ext.models import Subtask
 
-    crawler = get_crawler(SearchSpider, {"PC_WEIBO_COOKIES": "SUB=abc; SUBP=def", "SCHEDEXT_NODE_ID": "n1"})
+    # The test's own Redis: the spider checks its credentials, and whatever answers on 6379 (the demo's embedded
+    # Redis, with its password) must not decide this test.
+    crawler = get_crawler(SearchSpider, {"PC_WEIBO_COOKIES": "SUB=abc; SUBP=def", "SCHEDEXT_NODE_ID": "n1",
+                                         "REDIS_URL": redis_url})
     spider = SearchSpider.from_crawler(crawler)
     st = Subtask(id="s", task="t", site="weibo.com", first_page=0, page_limit=2, time_limit=10,
                  payload={"engine": "sweibo", "keywords": ["光明"]})
