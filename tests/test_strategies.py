@@ -29,6 +29,7 @@ from scheduler_ext.strategies import (
 )
 from scheduler_ext.strategies import bandit as bandit_module
 from scheduler_ext.strategies import modification as modification_module
+from scheduler_ext.strategies import posterior as posterior_module
 from scheduler_ext.strategies.allocation import DynamicAllocation, RoundRobinAllocation, SharedAllocation
 from scheduler_ext.strategies.bandit import BanditAllocation
 from scheduler_ext.strategies.modification import DynamicModification, FixedModification, RelativeModification
@@ -379,6 +380,12 @@ def test_round_robin_waits_if_the_task_node_is_full() -> None:
 def test_modification_doctests() -> None:
     result = doctest.testmod(modification_module)
     assert result.attempted >= 3
+    assert result.failed == 0
+
+
+def test_posterior_doctests() -> None:  # page equivalents, change points, the share bound of the page rule
+    result = doctest.testmod(posterior_module)
+    assert result.attempted >= 5
     assert result.failed == 0
 
 

@@ -309,7 +309,7 @@ class _Weighing:
                     weighed.append(free_id)
                 taken += 1
         f = {nid: self._finishes(nid) for nid in weighed}
-        first, second = heapq.nlargest(2, f.values()) if len(f) >= 2 else (*f.values(), 0.0, 0.0)[:2]
+        first, second = [*heapq.nlargest(2, f.values()), 0.0, 0.0][:2]  # a node's best other: one of them
         finishing: dict[str, float] = {}
         for nid, fn in f.items():
             rest = 1.0 - (1.0 - (second if fn == first else first)) ** (runs - 1)  # a later run finishes

@@ -32,7 +32,7 @@ from typing import Any
 from ..config import config_for
 from ..models import Report
 from . import Estimates, Modification
-from .posterior import Sums
+from .posterior import share_bound
 
 
 class FixedModification(Modification):
@@ -96,13 +96,6 @@ class DynamicModification(Modification):
         return completion
 
 
-def surely(sums: Sums, z: float = 1.0) -> float:
-    """A lower bound of the pair's served share that its evidence makes sure of: the posterior mean less ``z``
-    standard deviations (Jeffreys' prior; ``pages`` is the evidence's weight). Few pages bound it near 0."""
-    p = (sums.got + 0.5) / (sums.pages + 1.0)
-    return max(0.0, p - z * math.sqrt(p * (1.0 - p) / (sums.pages + 2.0)))
-
-
 class RelativeModification(DynamicModification):
     """The paper's rule on the node's completion relative to the best on the site (the module doc).
 
@@ -114,7 +107,7 @@ class RelativeModification(DynamicModification):
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self._best: dict[str, tuple[Any, float]] = {}  # site -> (the sums mapping it was read from, best completion)
-        # node -> site -> (its completion there, when its last run there ended), from the reports seen
+        # node -> site -> (the share it is surely served there, when its last run there ended), from its reports
         self._seen: dict[str, dict[str, tuple[float, float]]] = {}
         self.horizon = 4 * self.budget  # twice the recall threshold: how long a node's other work counts
 
@@ -137,7 +130,7 @@ class RelativeModification(DynamicModification):
         seen = self._seen.setdefault(node, {})
         mine = sums.get(node)
         if mine is not None:
-            seen[site] = (surely(mine), now)
+            seen[site] = (share_bound(mine), now)
         elsewhere = max((c for s, (c, t) in seen.items() if s != site and now - t <= self.horizon), default=0.0)
         best = max(hit[1], elsewhere, completion)
         return completion / best if best > 0 else completion

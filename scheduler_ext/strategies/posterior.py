@@ -138,6 +138,17 @@ def page_equivalents(pages_done: int, offered: int, collected: int) -> float:
     return pages_done * min(1.0, collected / offered)
 
 
+def share_bound(sums: Sums, z: float = 1.0) -> float:
+    """A lower bound of the pair's served share that its evidence makes sure of: the posterior mean (Jeffreys'
+    prior) less ``z`` standard deviations, ``pages`` being the evidence's weight. Few pages bound it low.
+
+    >>> round(share_bound(Sums(n=5, pages=50, got=47.5)), 3), round(share_bound(Sums(n=1, pages=1, got=1)), 3)
+    (0.909, 0.5)
+    """
+    p = (sums.got + 0.5) / (sums.pages + 1.0)
+    return max(0.0, p - z * math.sqrt(p * (1.0 - p) / (sums.pages + 2.0)))
+
+
 def changed(old: Sums, attempted: float, got: float) -> bool:
     """True if a run's yield is too far from what the pair's sums predict to be the same pair: a change point.
 
