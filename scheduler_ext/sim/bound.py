@@ -37,9 +37,10 @@ results, Redis and the control, the CPU of blocked and failed pages. The total i
 tasks hold.
 
 The costs are measured, not fitted: :data:`MACHINE` and :data:`MACHINE_NODE` are the CPU of the cheapest crawler on
-this machine (plain Scrapy, the same parser, pipeline and storage, the same simulated web:
-``benchmarks/bench_machine.py``, whose JSON ``tests/test_sim.py`` checks them against). A simulated cluster's bound
-uses the simulator's own node model and no shared machine (its nodes each have their own CPU).
+this machine (plain Scrapy in as many processes as the paper profile's nodes, the same parser, pipeline and
+storage, the same simulated web: ``benchmarks/bench_machine.py``, whose JSON ``tests/test_sim.py`` checks them
+against). A simulated cluster's bound uses the simulator's own node model and no shared machine (its nodes each
+have their own CPU).
 
 One caveat: the capacity ``sum_s x[n,s] <= 1`` charges a node the larger of its two limits on each site, so a node
 splitting its time between a site where its CPU binds (latency under ``concurrency x`` its CPU a page) and one where
@@ -66,11 +67,11 @@ class Machine:
     item_cpu: float
 
 
-#: This machine, for the cheapest crawler (benchmarks/results/bench_machine.json: plain Scrapy, its page and its
-#: items in the node, the simulated web and nx-27017; the cheapest of its rounds).
-MACHINE = Machine(cores=2.0, page_cpu=0.00305, item_cpu=0.000535)
-#: One node process of the cheapest crawler (the same benchmark: the node's own CPU), 8 pages in flight.
-MACHINE_NODE = NodeModel(page_cpu=0.00247, item_cpu=0.000369)
+#: This machine, for the cheapest crawler (benchmarks/results/bench_machine.json: plain Scrapy in four processes at
+#: once, its pages and items in the crawlers, the simulated web and nx-27017; the cheapest of its rounds).
+MACHINE = Machine(cores=2.0, page_cpu=0.00348, item_cpu=0.000388)
+#: One crawler process of the cheapest crawler (the same benchmark: a crawler's own CPU), 8 pages in flight.
+MACHINE_NODE = NodeModel(page_cpu=0.0029, item_cpu=0.000278)
 
 
 @dataclass(frozen=True)
