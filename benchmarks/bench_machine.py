@@ -46,7 +46,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from bench_node import SCRAPY, _cpu_seconds, page_entries  # noqa: E402
+from bench_node import SCRAPY, _cpu_seconds, page_entries, stop  # noqa: E402
 
 from product_crawl import services  # noqa: E402
 from product_crawl.simweb import SimWebProcess  # noqa: E402
@@ -128,14 +128,7 @@ def run(share: float, seconds: float, tmp: Path, n: int, mongo_uri: str, mongo_p
             c1, t1, cpu1 = served(web.url), time.monotonic(), {k: cpu(v) for k, v in groups.items()}
             items1 = mongo[database]["items"].estimated_document_count()
         finally:
-            for node in nodes:
-                node.send_signal(signal.SIGINT)
-            for node in nodes:
-                try:
-                    node.wait(20)
-                except subprocess.TimeoutExpired:
-                    node.kill()
-                    node.wait()
+            stop(nodes)
     mongo.drop_database(database)
     mongo.close()
     used = {k: cpu1[k] - cpu0[k] for k in cpu0}

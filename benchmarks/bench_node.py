@@ -136,6 +136,19 @@ def _served(web_url: str) -> int:
     return int(counters.get("by_address", {}).get(ADDRESS, {}).get("requests", 0))
 
 
+def stop(procs: list[subprocess.Popen[bytes]]) -> None:
+    """Stop crawl processes as a user would (SIGINT: Scrapy closes the spider), killing any still up after 20 s."""
+    for p in procs:
+        if p.poll() is None:
+            p.send_signal(signal.SIGINT)
+    for p in procs:
+        try:
+            p.wait(20)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+
+
 def run_side(side: str, profile: Path, seconds: float, *, redis_url: str, mongo_uri: str, tmp: Path,
              n: int) -> dict[str, Any]:
     import redis
@@ -192,15 +205,7 @@ def run_side(side: str, profile: Path, seconds: float, *, redis_url: str, mongo_
             rss = _status_kb(node.pid, "VmHWM")
             control_rss = _status_kb(procs[1].pid, "VmHWM") if len(procs) > 1 else 0
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.send_signal(signal.SIGINT)
-        for p in procs:
-            try:
-                p.wait(20)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
+        stop(procs)
         for log in logs:
             log.close()
         keys = list(client.scan_iter(match=f"{prefix}:*", count=1000))
