@@ -4,8 +4,7 @@ Run: ``.venv/bin/python benchmarks/bench_machine.py [--seconds 20] [--rounds 3] 
 benchmarks/results/bench_machine.json, which :mod:`scheduler_ext.sim.bound` reads (``MACHINE``).
 
 The cheapest crawler is plain Scrapy (``bench_node.PlainSearchSpider``: every result page a start request, no
-scheduling, no Redis, with the node's ``CONCURRENT_ITEMS`` and its collector tuning (``scheduler_ext.gctune``),
-each cheaper a page than Scrapy's default) parsing the
+scheduling, no Redis, with the node's ``CONCURRENT_ITEMS``, cheaper a page than Scrapy's default) parsing the
 pages with the project's engine and storing the items through the same ``MongoPipeline`` into a private
 ``nx-27017``, against the same simulated web. It runs as ``--processes`` processes at once (default 4, the nodes of
 the ``paper`` profile, each bound to its own loopback address, each given its share of the pages), because the
@@ -54,9 +53,6 @@ from product_crawl.simweb import SimWebProcess  # noqa: E402
 from scheduler_ext.addon import NODE_CONCURRENT_ITEMS  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results" / "bench_machine.json"
-#: The nodes' collector tuning (``SCHEDEXT_GC_THRESHOLD``): a generic saving any crawler could have, so the cheapest
-#: crawler has it too, or the bound built on its costs could fall below what a node does.
-GC_TUNING = "scheduler_ext.gctune.GcTuning"
 BENCH_NODE = ROOT / "benchmarks" / "bench_node.py"
 
 
@@ -117,8 +113,7 @@ def run(share: float, seconds: float, tmp: Path, n: int, mongo_uri: str, mongo_p
                     [SCRAPY, "runspider", str(BENCH_NODE), "-s",
                      f"PC_ENGINE_BASE_URLS={json.dumps({'baidu': web.url, 'weibo': web.url})}",
                      "-s", f"BENCH_PAGES={pages}", "-s", f"DOWNLOAD_BIND_ADDRESS=127.0.0.{2 + i}",
-                     "-s", f"CONCURRENT_ITEMS={NODE_CONCURRENT_ITEMS}",
-                     "-s", f"EXTENSIONS={json.dumps({GC_TUNING: 0})}"],
+                     "-s", f"CONCURRENT_ITEMS={NODE_CONCURRENT_ITEMS}"],
                     cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT))
             deadline = time.monotonic() + 120
             while served(web.url) < 200 * processes:  # past the start-up

@@ -19,13 +19,6 @@ _OFF_HANDLERS = ("file", "data", "ftp", "s3")
 NODE_CONCURRENT_ITEMS = 20
 
 
-def _enable_gc_tuning(settings: Any) -> None:
-    # The collector tuned once the engine runs, so that collections do not stop the reactor (gctune.py).
-    from .gctune import GcTuning
-
-    settings.setdefault_in_component_priority_dict("EXTENSIONS", GcTuning, 0)
-
-
 def _lock_down(settings: Any) -> None:
     for name, value in _LOCKED_DOWN.items():
         settings.set(name, value, "addon")
@@ -51,7 +44,6 @@ class NodeAddon:
 
         settings.setdefault_in_component_priority_dict("DOWNLOADER_MIDDLEWARES", SubtaskDownloaderMiddleware, 900)
         settings.setdefault_in_component_priority_dict("SPIDER_MIDDLEWARES", SubtaskSpiderMiddleware, 950)
-        _enable_gc_tuning(settings)
         _lock_down(settings)
 
 
@@ -63,5 +55,4 @@ class ControlAddon:
         from .control import ControlExtension
 
         settings.setdefault_in_component_priority_dict("EXTENSIONS", ControlExtension, 500)
-        _enable_gc_tuning(settings)
         _lock_down(settings)

@@ -162,7 +162,6 @@ class Config:
     runs_maxlen: int = 100_000
     stats_flush_interval: float = 5.0
     backoff_max: float = 30.0
-    gc_threshold: int = 20_000
 
     @property
     def recall_threshold(self) -> float:
@@ -239,7 +238,6 @@ class Config:
             runs_maxlen=_number(s, "SCHEDEXT_RUNS_MAXLEN", int, low=1),
             stats_flush_interval=_seconds(s, "SCHEDEXT_STATS_FLUSH_INTERVAL"),
             backoff_max=_seconds(s, "SCHEDEXT_BACKOFF_MAX"),
-            gc_threshold=_number(s, "SCHEDEXT_GC_THRESHOLD", int, low=0),
         )
         for low, high in (("page_limit_min", "page_limit_max"), ("time_limit_min", "time_limit_max")):
             if getattr(config, low) > getattr(config, high):

@@ -77,9 +77,6 @@ DEFAULTS: dict[str, Any] = {
     "SCHEDEXT_AUDIT_MAXLEN": 10_000,  # audit records of manual actions (dead-letter requeue / drop) kept
     # --- resilience --------------------------------------------------------------------------------------------
     "SCHEDEXT_BACKOFF_MAX": 30.0,  # seconds; longest wait between retries of a loop whose Redis calls fail
-    # objects allocated between young collections of a node's or control's process, whose start-up heap is frozen
-    # once its engine runs (gctune.py); 0 = the interpreter's collector as it is
-    "SCHEDEXT_GC_THRESHOLD": 20_000,
 }
 
 

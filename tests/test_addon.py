@@ -71,27 +71,3 @@ def test_node_log_formatter_builds_per_page_and_per_item_records_only_at_debug()
         assert (formatter.scraped({"title": "t"}, response, None) is not None) is shown, level
         # Whatever the level, the messages a user needs stay Scrapy's own.
         assert formatter.download_error(ValueError("bad"), request, None)["level"] == 40
-
-
-def test_both_addons_tune_the_collector_and_the_engines_stop_gives_it_back() -> None:
-    import gc
-
-    import pytest
-    from scrapy.exceptions import NotConfigured
-
-    from scheduler_ext.gctune import GcTuning
-
-    for spider_cls in (SearchSpider, ControlSpider):
-        assert GcTuning in _settings(spider_cls).getdict("EXTENSIONS")
-    with pytest.raises(NotConfigured):
-        GcTuning.from_crawler(get_crawler(SearchSpider, settings_dict={"SCHEDEXT_GC_THRESHOLD": 0}))
-    crawler = get_crawler(SearchSpider, settings_dict={"SCHEDEXT_GC_THRESHOLD": 12345})
-    ext = GcTuning.from_crawler(crawler)
-    before, frozen = gc.get_threshold(), gc.get_freeze_count()
-    ext.engine_started()
-    try:
-        assert gc.get_threshold() == (12345, *before[1:])
-        assert gc.get_freeze_count() > frozen
-    finally:
-        ext.engine_stopped()
-    assert gc.get_threshold() == before and gc.get_freeze_count() == 0

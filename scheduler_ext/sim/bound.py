@@ -69,9 +69,9 @@ class Machine:
 
 #: This machine, for the cheapest crawler (benchmarks/results/bench_machine.json: plain Scrapy in four processes at
 #: once, its pages and items in the crawlers, the simulated web and nx-27017; the cheapest of its rounds).
-MACHINE = Machine(cores=2.0, page_cpu=0.00276, item_cpu=0.000249)
+MACHINE = Machine(cores=2.0, page_cpu=0.00348, item_cpu=0.000388)
 #: One crawler process of the cheapest crawler (the same benchmark: a crawler's own CPU), 8 pages in flight.
-MACHINE_NODE = NodeModel(page_cpu=0.00227, item_cpu=0.000164)
+MACHINE_NODE = NodeModel(page_cpu=0.0029, item_cpu=0.000278)
 
 
 @dataclass(frozen=True)
