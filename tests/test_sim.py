@@ -531,3 +531,16 @@ def test_simulated_ratios_agree_with_a_real_run(scrapy_env: dict[str, str], pref
     ratios = sorted(simulate_configuration("bandit", opts, seed=s)["samples"][-1]["items"]
                     / simulate_configuration("shared", opts, seed=s)["samples"][-1]["items"] for s in range(5))
     assert 0.9 * ratios[0] <= real_ratio <= 1.1 * ratios[-1], (real_ratio, ratios)
+
+
+def test_the_paper_profiles_best_schedule_puts_each_node_on_its_fastest_site() -> None:
+    # What benchmarks/bench_ceiling.py crawls: the bound's own plan, kept only when asked for.
+    from product_crawl.experiment import runner
+    from product_crawl.experiment import sim as exp_sim
+
+    opts = runner.make_options(profile="paper", duration=90, strategies="dynamic")
+    totals = runner.corpus_totals(opts.profile, opts.sites, opts.seed)
+    assert "assignments" not in exp_sim.best_possible(opts, totals)
+    plans = exp_sim.best_possible(opts, totals, assignments=True)["assignments"]
+    assert plans and all(plan == {"node1": "12315.com", "node2": "t.163.com", "node3": "315tousu.org",
+                                  "node4": "cca.org.cn"} for plan in plans)

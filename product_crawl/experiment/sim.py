@@ -169,13 +169,14 @@ def simulate_configuration(name: str, opts: Options, *, model: NodeModel | None 
     return {"name": name, "settings": settings, **raw, "truth_corpus": [], "simulated": True}
 
 
-def best_possible(opts: Options, totals: dict[str, dict[str, int]]) -> dict[str, Any]:
+def best_possible(opts: Options, totals: dict[str, dict[str, int]], *, assignments: bool = False) -> dict[str, Any]:
     """The best possible unique items of a run of ``opts`` (:func:`scheduler_ext.sim.bound.best_possible`): the
     profile's true rates over time, the experiment's nodes and tasks. A real run's nodes, web and MongoDB share this
     machine (:data:`~scheduler_ext.sim.bound.MACHINE`: the CPU the cheapest crawler needs here, measured); a
     simulated run's nodes have the simulator's own machinery (:class:`~scheduler_ext.sim.NodeModel`, each node its
     CPU), which at a handful of nodes is below the machine's bound and at a thousand far above it (a shared
-    2-core row would then be beaten by the simulation it bounds)."""
+    2-core row would then be beaten by the simulation it bounds). ``assignments``: keep the best schedule's site of
+    each node, phase by phase (``benchmarks/bench_ceiling.py`` crawls it)."""
     world = profile_world(opts)
     nodes = [SimNode(n.id, tuple(int(t) for t in str(n.types).split(",")), address=n.address) for n in opts.nodes]
     work = {site: SiteWork(0, sum(1 for p in totals if site in totals[p]),
@@ -183,7 +184,8 @@ def best_possible(opts: Options, totals: dict[str, dict[str, int]]) -> dict[str,
     model, machine = (NodeModel(), None) if opts.sim else (bound_module.MACHINE_NODE, bound_module.MACHINE)
     model = model.with_settings(Settings({**CLUSTER_SETTINGS, **opts.overrides}))  # the nodes' concurrency and delay
     bound = bound_module.best_possible(world, nodes, work, opts.duration, model, machine)
-    bound.pop("assignments")
+    if not assignments:
+        bound.pop("assignments")
     nodes_model = {"concurrency": model.concurrency, "delay": model.delay, "node_page_cpu": model.page_cpu,
                    "node_item_cpu": model.item_cpu}
     if machine is None:
