@@ -29,6 +29,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -59,6 +60,18 @@ def pages_of(site: str, totals: dict[str, dict[str, int]], base_url: str) -> lis
     return [{"url": engine.page_url(words, site, page), "meta": {"product": name, "page": page}}
             for page in range(max(depth.values(), default=0)) for name, words in products.items()
             if page < depth[name]]
+
+
+def in_flight(counters: dict[str, Any], addresses: dict[str, str], plan: dict[str, str]) -> dict[str, Any]:
+    """Per node, from the web's counters over the whole crawl: requests, the mean seconds the web held one (its
+    latency) and how many of the node's requests it held at once on average (its busy time over the crawl's)."""
+    out = {}
+    for node in plan:
+        a = addresses[node]
+        requests = counters["by_address"].get(a, {}).get("requests", 0)
+        busy = counters.get("busy_ms", {}).get(a, 0) / 1000
+        out[node] = {"requests": requests, "web_latency": round(busy / max(1, requests), 4)}
+    return out
 
 
 def main() -> None:
@@ -106,6 +119,8 @@ def main() -> None:
                 c0, i0, t0 = served(web.url), items.estimated_document_count(), time.monotonic()
                 time.sleep(args.duration)
                 c1, i1, t1 = served(web.url), items.estimated_document_count(), time.monotonic()
+                with urllib.request.urlopen(f"{web.url}/_counters", timeout=5) as r:
+                    counters = json.loads(r.read())
         finally:
             stop(procs)
             mongo.close()
@@ -114,11 +129,12 @@ def main() -> None:
     collected = round((i1 - i0) * args.duration / seconds)
     out = {"profile": args.profile, "seed": args.seed, "duration": args.duration, "plan": plan,
            "best_possible": bound["items"], "unique_items": collected, "pages_per_s": round((c1 - c0) / seconds, 1),
-           "vs_best": round(collected / bound["items"], 3)}
+           "vs_best": round(collected / bound["items"], 3), "web": in_flight(counters, addresses, plan)}
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps(out, indent=1) + "\n")
     print(f"plain Scrapy on the best possible's plan {plan}: {collected} unique items in {args.duration:.0f} s, "
-          f"{out['pages_per_s']} pages/s; best possible {bound['items']}: {out['vs_best']:.2f} of it")
+          f"{out['pages_per_s']} pages/s; best possible {bound['items']}: {out['vs_best']:.2f} of it; per node "
+          + ", ".join(f"{n} {w['requests']} requests at {1000 * w['web_latency']:.0f} ms" for n, w in out["web"].items()))
     print(json.dumps(out, ensure_ascii=False))
 
 
