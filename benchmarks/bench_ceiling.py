@@ -134,7 +134,8 @@ def main() -> None:
     RESULTS.write_text(json.dumps(out, indent=1) + "\n")
     print(f"plain Scrapy on the best possible's plan {plan}: {collected} unique items in {args.duration:.0f} s, "
           f"{out['pages_per_s']} pages/s; best possible {bound['items']}: {out['vs_best']:.2f} of it; per node "
-          + ", ".join(f"{n} {w['requests']} requests at {1000 * w['web_latency']:.0f} ms" for n, w in out["web"].items()))
+          + ", ".join(f"{n} {w['requests']} requests at {1000 * w['web_latency']:.0f} ms"
+                      for n, w in out["web"].items()))
     print(json.dumps(out, ensure_ascii=False))
 
 
