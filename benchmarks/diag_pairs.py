@@ -5,7 +5,8 @@
 ``RUN_DIR`` is a ``scrapy experiment --out`` folder (of a real run or of ``--sim``); its
 ``raw/<configuration>.json`` holds the samples of every (node, site) pair's pages crawled. A node's page slots
 are its capacity (8 requests at a time to the engine's host), so a page costs the slot its site's latency for
-that node; a pair's worth per slot-second is share / latency. Per configuration, the pages and the slot-seconds (pages x the profile's latency at the time) on:
+that node; a pair's worth per slot-second is share / latency. Per configuration, the pages and the slot-seconds
+(pages x the profile's latency at the time) on:
 
 * ``best``: the node's best pair at the time (at least 0.95 of its highest share / latency over the sites);
 * ``other``: a pair worth at least 0.3 of the node's best (a suited site, not its best);
