@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import signal
 import subprocess
 import sys
@@ -37,18 +36,16 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from bench_machine import served  # noqa: E402
-from bench_node import SCRAPY, stop  # noqa: E402
+from bench_machine import plain_crawler, plain_env, served  # noqa: E402
+from bench_node import stop  # noqa: E402
 
 from product_crawl import services  # noqa: E402
 from product_crawl.engines.baidu import BaiduEngine  # noqa: E402
 from product_crawl.experiment import runner, sim  # noqa: E402
 from product_crawl.simweb import SimWebProcess  # noqa: E402
 from product_crawl.tasks import keywords_for  # noqa: E402
-from scheduler_ext.addon import NODE_CONCURRENT_ITEMS  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results" / "bench_ceiling.json"
-BENCH_NODE = ROOT / "benchmarks" / "bench_node.py"
 PAGE_SIZE = 10
 
 
@@ -93,8 +90,7 @@ def main() -> None:
         port = services.free_port()
         mongo_proc = services.start_mongo_server(port, tmp / "mongo")
         uri = f"mongodb://127.0.0.1:{port}"
-        env = {**os.environ, "SCRAPY_SETTINGS_MODULE": "product_crawl.settings", "MONGO_URI": uri,
-               "MONGO_DATABASE": "bench_ceiling", "PC_LOG_LEVEL": "WARNING", "PYTHONUNBUFFERED": "1"}
+        env = plain_env(uri, "bench_ceiling")
         procs: list[subprocess.Popen[bytes]] = []
         import pymongo
 
@@ -102,14 +98,8 @@ def main() -> None:
         try:
             with SimWebProcess(opts.profile_spec, seed=args.seed) as web, open(tmp / "crawl.log", "wb") as log:
                 for node, site in sorted(plan.items()):
-                    pages = tmp / f"{node}.json"
-                    pages.write_text(json.dumps(pages_of(site, totals, web.url), ensure_ascii=False))
-                    procs.append(subprocess.Popen(
-                        [SCRAPY, "runspider", str(BENCH_NODE), "-s",
-                         f"PC_ENGINE_BASE_URLS={json.dumps({'baidu': web.url, 'weibo': web.url})}",
-                         "-s", f"BENCH_PAGES={pages}", "-s", f"DOWNLOAD_BIND_ADDRESS={addresses[node]}",
-                         "-s", f"CONCURRENT_ITEMS={NODE_CONCURRENT_ITEMS}"],
-                        cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT))
+                    procs.append(plain_crawler(web.url, pages_of(site, totals, web.url), tmp / f"{node}.json",
+                                               addresses[node], env, log))
                 deadline = time.monotonic() + 120
                 while served(web.url) == 0:
                     if time.monotonic() > deadline or any(p.poll() is not None for p in procs):

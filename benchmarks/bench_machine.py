@@ -80,6 +80,25 @@ def tree(pid: int) -> list[int]:
     return out
 
 
+def plain_env(mongo_uri: str, database: str) -> dict[str, str]:
+    """The environment of a plain Scrapy crawler storing into ``database``."""
+    return {**os.environ, "SCRAPY_SETTINGS_MODULE": "product_crawl.settings", "MONGO_URI": mongo_uri,
+            "MONGO_DATABASE": database, "PC_LOG_LEVEL": "WARNING", "PYTHONUNBUFFERED": "1"}
+
+
+def plain_crawler(web_url: str, entries: list[dict[str, Any]], pages: Path, address: str, env: dict[str, str],
+                  log: Any) -> subprocess.Popen[bytes]:
+    """The cheapest crawler (``bench_node.PlainSearchSpider``) crawling ``entries`` (written to ``pages``) from
+    ``address``, with the node's ``CONCURRENT_ITEMS``."""
+    pages.write_text(json.dumps(entries, ensure_ascii=False))
+    return subprocess.Popen(
+        [SCRAPY, "runspider", str(BENCH_NODE), "-s",
+         f"PC_ENGINE_BASE_URLS={json.dumps({'baidu': web_url, 'weibo': web_url})}",
+         "-s", f"BENCH_PAGES={pages}", "-s", f"DOWNLOAD_BIND_ADDRESS={address}",
+         "-s", f"CONCURRENT_ITEMS={NODE_CONCURRENT_ITEMS}"],
+        cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+
+
 def cpu(pids: list[int]) -> float:
     return sum(_cpu_seconds(p) for p in pids)
 
@@ -98,8 +117,7 @@ def run(share: float, seconds: float, tmp: Path, n: int, mongo_uri: str, mongo_p
     path = tmp / f"{n}.json"
     path.write_text(json.dumps(profile(share)))
     database = f"bench_machine_{n}"
-    env = {**os.environ, "SCRAPY_SETTINGS_MODULE": "product_crawl.settings", "MONGO_URI": mongo_uri,
-           "MONGO_DATABASE": database, "PC_LOG_LEVEL": "WARNING", "PYTHONUNBUFFERED": "1"}
+    env = plain_env(mongo_uri, database)
     mongo: Any = pymongo.MongoClient(mongo_uri, serverSelectionTimeoutMS=5000)
     nodes: list[subprocess.Popen[bytes]] = []
     with SimWebProcess(path, seed=1) as web, open(tmp / f"{n}.log", "wb") as log:
@@ -107,14 +125,8 @@ def run(share: float, seconds: float, tmp: Path, n: int, mongo_uri: str, mongo_p
         entries = page_entries(web.url)
         try:
             for i in range(processes):  # each its own address and every processes-th page
-                pages = tmp / f"{n}-{i}-pages.json"
-                pages.write_text(json.dumps(entries[i::processes], ensure_ascii=False))
-                nodes.append(subprocess.Popen(
-                    [SCRAPY, "runspider", str(BENCH_NODE), "-s",
-                     f"PC_ENGINE_BASE_URLS={json.dumps({'baidu': web.url, 'weibo': web.url})}",
-                     "-s", f"BENCH_PAGES={pages}", "-s", f"DOWNLOAD_BIND_ADDRESS=127.0.0.{2 + i}",
-                     "-s", f"CONCURRENT_ITEMS={NODE_CONCURRENT_ITEMS}"],
-                    cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT))
+                nodes.append(plain_crawler(web.url, entries[i::processes], tmp / f"{n}-{i}-pages.json",
+                                           f"127.0.0.{2 + i}", env, log))
             deadline = time.monotonic() + 120
             while served(web.url) < 200 * processes:  # past the start-up
                 if time.monotonic() > deadline or any(node.poll() is not None for node in nodes):
