@@ -544,3 +544,27 @@ def test_the_paper_profiles_best_schedule_puts_each_node_on_its_fastest_site() -
     plans = exp_sim.best_possible(opts, totals, assignments=True)["assignments"]
     assert plans and all(plan == {"node1": "12315.com", "node2": "t.163.com", "node3": "315tousu.org",
                                   "node4": "cca.org.cn"} for plan in plans)
+
+
+def test_diag_pairs_charges_each_page_its_latency_by_the_pairs_worth_at_the_time() -> None:
+    import importlib.util
+
+    from product_crawl.simweb.profile import load_profile
+
+    path = Path(__file__).resolve().parent.parent / "benchmarks" / "diag_pairs.py"
+    spec = importlib.util.spec_from_file_location("diag_pairs", path)
+    assert spec is not None and spec.loader is not None
+    diag = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(diag)
+    sites = ["12315.com", "315tousu.org", "t.163.com", "cca.org.cn", "weibo.com"]
+    # node1: 10 pages on its best site (0.10 s), 10 on a suited one (0.15 s), 2 on weibo.com (0.7 s); then, after
+    # t.163.com turned bad for it at 40 s, 4 pages there (0.7 s)
+    raw = {"samples": [{"t": 0.0, "pairs": {}},
+                       {"t": 30.0, "pairs": {"node1|12315.com": [0, 0, 1, 10], "node1|315tousu.org": [0, 0, 1, 10],
+                                             "node1|weibo.com": [0, 0, 1, 2]}},
+                       {"t": 60.0, "pairs": {"node1|12315.com": [0, 0, 1, 10], "node1|315tousu.org": [0, 0, 1, 10],
+                                             "node1|weibo.com": [0, 0, 1, 2], "node1|t.163.com": [0, 0, 1, 4]}}]}
+    out = diag.slots(raw, load_profile("paper"), sites)
+    assert (out["best_pages"], out["other_pages"], out["poor_pages"]) == (10, 10, 6)
+    seconds = 10 * 0.10 + 10 * 0.15 + 2 * 0.7 + 4 * 0.7
+    assert out["best_slot_share"] == round(1.0 / seconds, 3) and out["mean_latency"] == round(seconds / 26, 4)
