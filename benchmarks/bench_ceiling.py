@@ -28,7 +28,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +35,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from bench_machine import plain_crawler, plain_env, served  # noqa: E402
+from bench_machine import plain_crawler, plain_env, served, web_counters  # noqa: E402
 from bench_node import stop  # noqa: E402
 
 from product_crawl import services  # noqa: E402
@@ -108,9 +107,8 @@ def main() -> None:
                 items = mongo["bench_ceiling"]["items"]
                 c0, i0, t0 = served(web.url), items.estimated_document_count(), time.monotonic()
                 time.sleep(args.duration)
-                c1, i1, t1 = served(web.url), items.estimated_document_count(), time.monotonic()
-                with urllib.request.urlopen(f"{web.url}/_counters", timeout=5) as r:
-                    counters = json.loads(r.read())
+                counters, i1, t1 = web_counters(web.url), items.estimated_document_count(), time.monotonic()
+                c1 = served(web.url, counters)
         finally:
             stop(procs)
             mongo.close()

@@ -103,10 +103,15 @@ def cpu(pids: list[int]) -> float:
     return sum(_cpu_seconds(p) for p in pids)
 
 
-def served(web_url: str) -> int:
-    """Search requests the web has answered so far, from every address."""
+def web_counters(web_url: str) -> dict[str, Any]:
+    """The simulated web's counters (``/_counters``)."""
     with urllib.request.urlopen(f"{web_url}/_counters", timeout=5) as r:
-        counters = json.loads(r.read())
+        return json.loads(r.read())  # type: ignore[no-any-return]
+
+
+def served(web_url: str, counters: dict[str, Any] | None = None) -> int:
+    """Search requests the web has answered so far, from every address (from ``counters`` if given)."""
+    counters = web_counters(web_url) if counters is None else counters
     return sum(int(c.get("requests", 0)) for c in counters.get("by_address", {}).values())
 
 

@@ -73,8 +73,11 @@ def one_world(family: str, args: argparse.Namespace, seed: int) -> dict[str, Any
     needed = [(n, s, when) for n, s, when in world.turned_good()
               if when in starts and best["assignments"][starts.index(when)].get(n) == s]
     model = NodeModel()
-    clear = [node_rate(world.behaviour(n, s, when), model)
-             >= CLEARLY * max(node_rate(world.behaviour(n, other, when), model) for other in world.sites if other != s)
+
+    def rate(n: str, s: str, when: float) -> float:
+        return node_rate(world.behaviour(n, s, when), model)
+
+    clear = [rate(n, s, when) >= CLEARLY * max((rate(n, o, when) for o in world.sites if o != s), default=0.0)
              for n, s, when in needed]
     out: dict[str, Any] = {"bound": bound, "items": {}, "delays": {}, "clear": clear}
     for name, make in CONFIGS.items():

@@ -74,7 +74,10 @@ def main() -> None:
     for run in args.runs:
         for path in sorted((run / "raw").glob("*.json")):
             raw = json.loads(path.read_text(encoding="utf-8"))
-            sites = sorted({k.split("|", 1)[1] for s in raw["samples"] for k in s.get("pairs", {})})
+            # every site the run crawled and every site the profile rates a node on: a node's best site counts
+            # even if the run never sent it there
+            sites = sorted({k.split("|", 1)[1] for s in raw["samples"] for k in s.get("pairs", {})}
+                           | {site for node in profile.nodes.values() for site in node.sites})
             print(json.dumps({"run": str(run), "configuration": raw.get("name", path.stem),
                               **slots(raw, profile, sites)}))
 
