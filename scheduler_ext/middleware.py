@@ -3,7 +3,10 @@
 :class:`SubtaskDownloaderMiddleware` (a downloader middleware) applies each subtask's time limit (download timeout
 and a deadline after which pages not yet started are dropped: the subtask ends as timed out with what it got),
 detects block pages through ``spider.is_blocked(response, subtask)``, HTTP errors and download failures, which end
-the subtask as failed with a reason, and measures download time per site (stat ``site/<site>/download_seconds``).
+the subtask as failed with a reason, and measures download time per site (stat ``site/<site>/download_seconds``)
+and how long each page held a download slot (the subtask's node time, ``Report.node_seconds``: from the moment
+the node's downloader gave the request its place, else from this middleware's ``process_request``, to its
+response or error).
 
 :class:`SubtaskSpiderMiddleware` (a spider middleware) counts what the spider makes of each page: the items it
 yields (which must then leave the pipelines before the subtask can finish) and the page's own figures that the
@@ -27,7 +30,7 @@ from scrapy.exceptions import IgnoreRequest, NotConfigured
 from scrapy.http import Response
 
 from .defaults import setting
-from .tracker import META_PAGE, META_SID, Active, Tracker, tracker_for
+from .tracker import META_PAGE, META_SID, META_SLOT_TAKEN, Active, Tracker, tracker_for
 
 logger = logging.getLogger(__name__)
 _STARTED = "schedext_download_started"
@@ -72,6 +75,13 @@ class SubtaskDownloaderMiddleware(_Base):
                                                         remaining))
         request.meta[_STARTED] = time.monotonic()
 
+    @staticmethod
+    def _held(tracker: Tracker, sid: str, request: Request) -> None:
+        """The page's download ended: charge the subtask the time it held its download slot."""
+        taken = request.meta.get(META_SLOT_TAKEN, request.meta.get(_STARTED))
+        if taken is not None:
+            tracker.page_held(sid, time.monotonic() - taken)
+
     def process_response(self, request: Request, response: Response) -> Request | Response:
         if (found := self._active(request)) is None:
             return response
@@ -79,6 +89,7 @@ class SubtaskDownloaderMiddleware(_Base):
         sid, site, page = active.subtask.id, active.subtask.site, request.meta[META_PAGE]
         if _STARTED in request.meta:
             self.stats.inc_value(f"site/{site}/download_seconds", time.monotonic() - request.meta[_STARTED])
+        self._held(tracker, sid, request)
         if response.status >= 400:
             self.stats.inc_value("schedext/pages/http_error")
             tracker.page_failed(sid, page, f"HTTP {response.status} from {response.url}")
@@ -97,6 +108,7 @@ class SubtaskDownloaderMiddleware(_Base):
             return
         tracker, active = found
         sid = active.subtask.id
+        self._held(tracker, sid, request)
         if time.monotonic() >= active.deadline_local - 0.05:
             # The subtask's time limit cut this download short: a timeout, not a failure of the site.
             active.timed_out = True

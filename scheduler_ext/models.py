@@ -6,6 +6,7 @@ Nothing read from Redis is ever unpickled or evaluated: a payload is JSON or it 
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Container
 from dataclasses import dataclass, field
 from typing import Any
@@ -186,6 +187,10 @@ class Report:
     # Every page from this one to the slice's end was crawled (pages in flight when an earlier one failed); the
     # slice's end if its last page was not. None: not said (a node of an older version).
     resume_page: int | None = None
+    # The node time the run used: the seconds its pages held the node's page slots (each attempted page from taking
+    # a slot to giving it back), over the node's slots (Scrapy's CONCURRENT_REQUESTS_PER_DOMAIN): what the run cost
+    # the node, whatever else the node was crawling meanwhile. None: not measured (a node of an older version).
+    node_seconds: float | None = None
 
     @property
     def ok(self) -> bool:
@@ -236,6 +241,8 @@ class Report:
             _require(obj, name, int, "report", optional=True, check=nonneg, expected="an integer >= 0 or null")
         for name in ("started", "ended"):
             _require(obj, name, (int, float), "report", optional=True, expected="a number of seconds")
+        _require(obj, "node_seconds", (int, float), "report", optional=True, check=lambda v: 0 <= v < math.inf,
+                 expected="a finite number of seconds >= 0 or null")
         _require(obj, "exhausted", bool, "report", optional=True)
         _require(obj, "reason", str, "report", optional=True)
         known = set(cls.__dataclass_fields__)

@@ -478,7 +478,8 @@ class SubtaskScheduler:
                         offered=a.offered, collected=a.collected, pages=len(a.pages_done), next_page=next_page,
                         exhausted=exhausted, total_pages=a.total_pages, started=a.started, ended=ended,
                         attempted=len(a.pages_done) + a.blocked + a.failed + a.cut, blocked=a.blocked,
-                        failed=a.failed, resume_page=resume_page(st.first_page, st.page_limit, a.pages_done))
+                        failed=a.failed, resume_page=resume_page(st.first_page, st.page_limit, a.pages_done),
+                        node_seconds=round(a.held / self.pace.ready, 6))
         self._finish(report, a.token)
 
     def _finish(self, report: Report, token: str) -> None:
@@ -503,7 +504,8 @@ class SubtaskScheduler:
         return self.store.finish(sid, f.token, r.to_json(), node=self.node_id, site=st.site, group=st.group,
                                  offered=r.offered, collected=r.collected, pages=r.pages, seconds=r.seconds,
                                  ok=r.ok, alpha=self.alpha, runs_maxlen=self.runs_maxlen, attempted=r.charged,
-                                 fail_cost=self.fail_cost, errors=r.charged - r.pages - r.blocked)
+                                 fail_cost=self.fail_cost, errors=r.charged - r.pages - r.blocked,
+                                 node_seconds=r.node_seconds)
 
     def _sent(self, sid: str, f: _Finish, accepted: bool) -> None:
         self._sending = None

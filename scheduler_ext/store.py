@@ -12,6 +12,7 @@ Key schema: :mod:`scheduler_ext.keys` (docs/redis-keys.md).
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -217,14 +218,16 @@ class Store:
     def finish(self, sid: str, token: str, report_json: str, *, node: str, site: str, group: str,
                offered: int, collected: int, pages: int, seconds: float, ok: bool, alpha: float,
                runs_maxlen: int, attempted: int | None = None, fail_cost: float = 0.0,
-               errors: int = 0) -> bool:
+               errors: int = 0, node_seconds: float | None = None) -> bool:
         """Finish a leased subtask; False if the lease token is stale (the subtask was recalled meanwhile).
 
         ``attempted``: pages attempted, as the estimates charge them (``Report.charged``); by default the pages
         crawled, plus the one that failed the run if it failed. ``fail_cost``: seconds the bandit's sums charge a
         failed run beyond its own (1.5 x ``SCHEDEXT_TICK_INTERVAL``: the recall; ``posterior.update_sums``).
         ``errors``: the pages attempted that gave nothing without being blocked (``charged - pages - blocked``;
-        ``posterior.update_sums``' ``error_pages``)."""
+        ``posterior.update_sums``' ``error_pages``). ``node_seconds``: the run's node time
+        (``Report.node_seconds``), which the sums charge instead of ``seconds`` and ``fail_cost`` when given
+        (``posterior.run_seconds``)."""
         k = self.keys
         out = k.sleeping if ok else k.failed
         keys = [k.leases, k.lease_info, k.subtasks, out, k.runs, k.agg_site_node(site, node),
@@ -233,7 +236,8 @@ class Store:
                 k.est_groups]
         args: list[Any] = [sid, token, report_json, runs_maxlen, alpha, f"{site}|{node}", offered, collected, pages,
                 f"{seconds:.6f}", 1 if ok else 0, group, node,
-                pages + (0 if ok else 1) if attempted is None else attempted, f"{fail_cost:.6f}", errors]
+                pages + (0 if ok else 1) if attempted is None else attempted, f"{fail_cost:.6f}", errors,
+                f"{node_seconds:.6f}" if node_seconds is not None and 0 <= node_seconds < math.inf else ""]
         return bool(self._finish(keys=keys, args=args))
 
     def release(self, node: str, leases: Iterable[tuple[str, str, float]]) -> int:

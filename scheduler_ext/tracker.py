@@ -23,6 +23,8 @@ META_OFFERED = "schedext_offered"  # results the engine should show on this page
 META_REPORTED = "schedext_reported"  # engine-reported result count
 META_LAST = "schedext_last_page"  # True if this page is the end of the results
 META_TOTAL_PAGES = "schedext_total_pages"
+# Set by the node's downloader when a page's request takes a download slot (time.monotonic()):
+META_SLOT_TAKEN = "schedext_slot_taken"
 
 
 @dataclass
@@ -48,6 +50,7 @@ class Active:
     blocked: int = 0
     failed: int = 0
     cut: int = 0
+    held: float = 0.0  # seconds the run's attempted pages held download slots, all together (Report.node_seconds)
     timed_out: bool = False
     lost: bool = False  # the lease was recalled: finish will be refused
 
@@ -95,6 +98,12 @@ class Tracker:
         if meta.get(META_LAST):
             a.last_page = page if a.last_page is None else min(a.last_page, page)
         self._check(a)
+
+    def page_held(self, sid: str, seconds: float) -> None:
+        """A page of ``sid`` held a download slot for ``seconds`` (its download ended, however)."""
+        a = self.get(sid)
+        if a is not None and seconds > 0:
+            a.held += seconds
 
     def page_failed(self, sid: str, page: int, reason: str, *, blocked: bool = False) -> None:
         """``page`` was attempted and failed (``blocked``: a block page); the first failure fails the subtask."""

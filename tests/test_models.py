@@ -280,6 +280,10 @@ def test_report_missing_required_field_is_invalid_input(missing: str) -> None:
     ({"failed": "3"}, "field 'failed': expected an integer >= 0"),
     ({"attempted": 2, "pages": 2, "blocked": 1},
      r"field 'attempted': expected at least pages \+ blocked \+ failed \(3\)"),
+    ({"node_seconds": -0.5}, "field 'node_seconds': expected a finite number of seconds >= 0 or null, got -0.5"),
+    ({"node_seconds": "0.5"}, "field 'node_seconds': expected a finite number of seconds >= 0"),
+    ({"node_seconds": float("inf")}, "field 'node_seconds': expected a finite number of seconds >= 0"),
+    ({"node_seconds": True}, "field 'node_seconds': expected a finite number of seconds >= 0"),
 ])
 def test_report_page_counts_are_validated(fields: dict[str, Any], match: str) -> None:
     obj = {**Report(subtask=_subtask(), node="n2", outcome="failed").to_dict(), **fields}
@@ -294,6 +298,14 @@ def test_report_charges_every_page_attempted_and_accepts_a_report_without_counts
     for name in ("attempted", "blocked", "failed"):
         del old[name]
     assert Report.from_json(json.dumps(old)).charged == 4  # an older node's report: the pages and the failing one
+
+
+def test_report_keeps_its_node_time_and_an_older_nodes_report_has_none() -> None:
+    timed = Report(subtask=_subtask(), node="n2", outcome="done", pages=3, node_seconds=0.125)
+    assert Report.from_json(timed.to_json()).node_seconds == 0.125
+    old = timed.to_dict()
+    del old["node_seconds"]
+    assert Report.from_json(json.dumps(old)).node_seconds is None
 
 
 def test_task_missing_id_is_invalid_input() -> None:

@@ -6,6 +6,7 @@ import json
 import pickle
 from typing import Any
 
+import pytest
 from conftest import FAST_PROFILE
 
 from product_crawl.cluster import LocalCluster, NodeSpec
@@ -45,6 +46,8 @@ def test_subtask_pushed_by_hand_is_crawled_stored_and_reported(cluster: LocalClu
     assert report.offered == 30 and report.collected == 30 and report.pages == 3 and report.next_page == 3
     assert report.resume_page == 0  # every page of the slice was crawled
     assert report.ended >= report.started > 0
+    # Node time: each of the 3 pages held one of the node's 8 slots for part of the run
+    assert report.node_seconds is not None and 0 < report.node_seconds <= 3 * report.seconds / 8
     items = list(cluster.mongo[cluster.mongo_db]["items"].find({}, {"_id": 0}))
     assert len(items) == 30
     assert {i["subtask_id"] for i in items} == {"s1"} and {i["node_id"] for i in items} == {"node1"}
@@ -256,10 +259,13 @@ def test_every_blocked_page_of_a_run_is_reported_and_charged(cluster: LocalClust
     assert cluster.start_node(NodeSpec("node1", "127.0.0.2"), SCHEDEXT_IDLE_CLOSE=1).wait(60) == 0
     report = Report.from_json(cluster.redis.lindex(cluster.store.keys.failed, 0))
     assert (report.attempted, report.blocked, report.failed, report.pages) == (4, 4, 0, 0)
-    # The pair's sums (the finish script) charge all 4 pages attempted, none collected.
+    # Its node time: 4 pages held a slot for their 1.5 s each, of the node's 8 slots (not the run's 1.5 s, nor the
+    # recall that a failed run costs its task).
+    assert report.node_seconds is not None and 4 * 1.5 / 8 <= report.node_seconds < 4 * 2.0 / 8
+    # The pair's sums (the finish script) charge all 4 pages attempted, none collected, and the node time.
     sums = json.loads(cluster.redis.hget(cluster.store.keys.est_site("blocked.example"), "node1"))
     assert (sums["pg"], sums["got"], sums["n"]) == (4, 0, 1)
-    assert sums["sec"] >= 1.5
+    assert sums["sec"] == pytest.approx(report.node_seconds, abs=1e-5)
 
 
 def test_idle_close_counts_from_the_last_finish_not_from_scrapys_first_idle_signal() -> None:

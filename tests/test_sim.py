@@ -42,19 +42,21 @@ def store(redis, prefix: str) -> Store:  # type: ignore[no-untyped-def]
 
 # --- the estimates are the finish script's ------------------------------------------------------------------------
 
-RUNS = [  # offered, collected, pages, seconds, ok, attempted: good runs, a captcha run (4 block pages in flight), a
-    # change point to bad (a report without counts: charged its pages and the failing one), a timeout (2 pages cut),
-    # a run whose first page failed with an error, 2 more in flight (left out of the share: Sums.err; a blank run:
-    # left out of the pace too, Sums.xp and Sums.bl)
-    (100, 90, 10, 2.0, True, 10), (50, 47, 5, 1.1, True, 5), (0, 0, 0, 0.4, False, 4), (80, 10, 8, 5.0, False, None),
-    (30, 4, 3, 2.5, True, 5), (0, 0, 0, 6.0, True, 0), (0, 0, 0, 0.5, False, 3),
+RUNS = [  # offered, collected, pages, seconds, ok, attempted, node seconds: good runs, a captcha run (4 block pages in
+    # flight), a change point to bad (a report without counts: charged its pages and the failing one), a timeout (2
+    # pages cut), two runs of a node that measures its node time (charged instead of the seconds, and no recall for
+    # the failed one), a run whose first page failed with an error, 2 more in flight (left out of the share:
+    # Sums.err; a blank run: left out of the pace too, Sums.xp and Sums.bl)
+    (100, 90, 10, 2.0, True, 10, None), (50, 47, 5, 1.1, True, 5, None), (0, 0, 0, 0.4, False, 4, None),
+    (80, 10, 8, 5.0, False, None, None), (30, 4, 3, 2.5, True, 5, None), (100, 92, 10, 3.0, True, 10, 0.21),
+    (40, 30, 4, 2.0, False, 6, 0.35), (0, 0, 0, 6.0, True, 0, None), (0, 0, 0, 0.5, False, 3, None),
 ]
 
 
 def test_memory_estimates_match_the_finish_script(store: Store) -> None:
     k = store.keys
     mem = MemoryEstimates(alpha=0.3, fail_cost=1.0)
-    for i, (offered, collected, pages, seconds, ok, attempted) in enumerate(RUNS):
+    for i, (offered, collected, pages, seconds, ok, attempted, node_seconds) in enumerate(RUNS):
         st = Subtask(id=f"s{i}", task="t", site="a.com", group="milk", first_page=0, page_limit=10, time_limit=30)
         store.redis.lpush(k.crawl("n1"), st.to_json())
         taken = store.take("n1", 30.0, 10.0)
@@ -65,9 +67,12 @@ def test_memory_estimates_match_the_finish_script(store: Store) -> None:
         errors = (pages + (0 if ok else 1) if attempted is None else attempted) - pages - blocked
         assert store.finish(st.id, taken[1], report.to_json(), node="n1", site="a.com", group="milk",
                             offered=offered, collected=collected, pages=pages, seconds=seconds, ok=ok, alpha=0.3,
-                            runs_maxlen=100, attempted=attempted, fail_cost=1.0, errors=errors)
+                            runs_maxlen=100, attempted=attempted, fail_cost=1.0, errors=errors,
+                            node_seconds=node_seconds)
+        sec_before = mem.sites["a.com"]["n1"].sums.sec if i else 0.0  # type: ignore[union-attr]
         mem.finish(site="a.com", group="milk", node="n1", offered=offered, collected=collected, pages=pages,
-                   seconds=seconds, ok=ok, now=float(i + 1), attempted=attempted, blocked=blocked)
+                   seconds=seconds, ok=ok, now=float(i + 1), attempted=attempted, blocked=blocked,
+                   node_seconds=node_seconds)
         lua = json.loads(store.redis.hget(k.est_site("a.com"), "n1"))
         py = mem.sites["a.com"]["n1"]
         assert py.sums is not None
@@ -79,6 +84,8 @@ def test_memory_estimates_match_the_finish_script(store: Store) -> None:
         assert (lua.get("c"), lua.get("spp"), lua["runs"]) == pytest.approx((py.c, py.spp, py.runs))
         group = json.loads(store.redis.hget(k.est_group_site("milk", "a.com"), "n1"))
         assert group["pg"] == pytest.approx(mem.groups[("milk", "a.com")]["n1"].sums.pages)  # type: ignore[union-attr]
+        if node_seconds is not None:  # the pace is charged the node time, not the seconds nor the recall
+            assert s.sec == pytest.approx((0.7 * sec_before if s.n > 1 else 0.0) + node_seconds)  # n 1: restarted
         if i == 2:  # 4 block pages after runs that collected ~90 %: a change point, the sums restarted from it
             assert (py.sums.n, py.sums.pages, py.sums.got) == (1.0, 4.0, 0.0)
     # The control reads the same sums (EstimateCache, the bandit's EstimateSums protocol), and follows new runs.

@@ -179,6 +179,7 @@ def _run(
     ok: bool,
     node: str = "n1",
     alpha: float = 0.3,
+    node_seconds: float | None = None,
 ) -> str:
     queue(store, node, sub(sid))
     taken = store.take(node, 30.0, 10.0)
@@ -205,8 +206,21 @@ def _run(
         ok=ok,
         alpha=alpha,
         runs_maxlen=1000,
+        fail_cost=0.75,
+        node_seconds=node_seconds,
     )
     return report.to_json()
+
+
+def test_finish_charges_the_sums_the_node_time_and_the_seconds_when_it_is_not_a_time(store: Store) -> None:
+    k = store.keys
+    _run(store, "s1", offered=10, collected=8, pages=2, seconds=4.0, ok=False, node_seconds=0.3)
+    _run(store, "s2", offered=10, collected=8, pages=2, seconds=4.0, ok=False, node="n2")
+    _run(store, "s3", offered=10, collected=8, pages=2, seconds=4.0, ok=False, node="n3", node_seconds=float("nan"))
+    sums = {n: json.loads(store.redis.hget(k.est_site("a.com"), n)) for n in ("n1", "n2", "n3")}
+    # node time, no recall: a recall holds no page slot; an older node (none) and a value that is not a time (NaN,
+    # never sent): the seconds and the recall
+    assert [sums[n]["sec"] for n in ("n1", "n2", "n3")] == pytest.approx([0.3, 4.75, 4.75])
 
 
 def test_finish_records_the_run_and_the_report(store: Store) -> None:

@@ -36,6 +36,8 @@ finish: end a leased subtask: run record, aggregates, moving estimates, report. 
                        blocked, failed and cut short by the time limit)
   ARGV[15] failCost    seconds the bandit's sums charge a failed run beyond its own (the recall: 1.5 control ticks)
   ARGV[16] errors      pages attempted that gave nothing without being blocked (errors, in flight, cut short)
+  ARGV[17] nodeSecs    the run's node time (Report.node_seconds), charged to the sums instead of seconds and
+                       failCost; '' if the node did not measure it (posterior.py, run_seconds)
 
 Returns 1 if finished, 0 if the lease is gone or holds another token (counted as stale_finish on the node).
 ]]
@@ -51,6 +53,10 @@ local pair, offered, collected = ARGV[6], tonumber(ARGV[7]), tonumber(ARGV[8])
 local pages, seconds, ok = tonumber(ARGV[9]), tonumber(ARGV[10]), ARGV[11] == '1'
 local group, node, attempted, failCost = ARGV[12], ARGV[13], tonumber(ARGV[14]), tonumber(ARGV[15]) or 0
 local errors = tonumber(ARGV[16]) or 0
+local nodeSeconds = tonumber(ARGV[17] or '')
+if nodeSeconds and (nodeSeconds ~= nodeSeconds or nodeSeconds < 0 or nodeSeconds == math.huge) then
+  nodeSeconds = nil  -- not a time: charge the run's seconds, as for a node that did not measure it
+end
 
 local raw = redis.call('HGET', leaseInfoKey, id)
 local decoded, lease = pcall(cjson.decode, raw or '')
@@ -76,7 +82,8 @@ end
 -- node, so that the control reads every node's figures for a site in one command.
 local function ewma(old, x) if old then return old + alpha * (x - old) end return x end
 -- The bandit's sums (scheduler_ext/strategies/posterior.py, update_sums, does the same): pages attempted (every
--- blocked, failed or cut page included), page-equivalents collected, seconds of every outcome, runs, failed runs;
+-- blocked, failed or cut page included), page-equivalents collected, node time (else seconds) of every outcome,
+-- runs, failed runs;
 -- older runs
 -- weigh (1 - alpha) less with each new run.
 local keep = 1 - alpha
@@ -104,7 +111,8 @@ local function sums(e)
   e.n = k * n + 1
   e.pg = k * pg + attempted
   e.got = k * gt + got
-  if blank then e.sec = k * sec else e.sec = k * sec + math.max(0, seconds) + (ok and 0 or failCost) end
+  local charged = nodeSeconds or (math.max(0, seconds) + (ok and 0 or failCost))
+  if blank then e.sec = k * sec else e.sec = k * sec + math.max(0, charged) end
   e.fl = k * fl + (ok and 0 or 1)
   -- A run that crawled no page and failed from errors: the pages in flight with the one that failed are left out
   -- of the served share (posterior.py, update_sums, err).

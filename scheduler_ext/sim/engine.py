@@ -27,7 +27,10 @@ What is simulated, and how (docs/strategies.md, "The simulator", gives the calib
   then is an HTTP error, a captcha or a page that serves each of its results with probability ``share``. The first
   failed page ends the subtask (pages not yet started are dropped, as the node's middleware drops them); the time
   limit drops the pages it cuts. A subtask's ``overhead`` (take and finish round trips) delays its first page by
-  half and its report by half, but holds no page slot: other subtasks' pages run meanwhile.
+  half and its report by half, but holds no page slot: other subtasks' pages run meanwhile. A report's
+  ``node_seconds`` is the slot time of its pages over ``concurrency``, as a real node measures it: each page from
+  taking its slot (its wait for the node's CPU included, as a busy Scrapy process is late to send a request and
+  to read its response) to its end or the time limit.
 * **Prefetch.** A node with a fixed ``prefetch`` advertises it; else the adaptive one of the real node: it starts at
   ``ceil(requests / page_limit) + 1``, follows about two ticks of the node's take rate, doubles when the node is busy
   and its queue ran dry, and stays within ``4 x requests``.
@@ -432,16 +435,18 @@ class Simulation:
             self.subtasks.pop(decision.subject, None)
 
     def live_nodes(self) -> list[NodeView]:
-        """The live nodes as the control reads them; a node's view is made again only when its free slots
-        changed (allocation reads the views, never changes them)."""
+        """The live nodes as the control reads them; a node's view is made again only when its free slots or its
+        queue changed (allocation reads the views, never changes them)."""
         out, views, now = [], self._views, self.now
         for n in self.nodes.values():
             if not n.joins <= now < n.leaves:
                 continue
-            free = max(0, self.prefetch[n.id] - len(self.queues[n.id]))
+            queued = len(self.queues[n.id])
+            free = max(0, self.prefetch[n.id] - queued)
             view = views.get(n.id)
-            if view is None or view.free != free:
-                view = views[n.id] = NodeView(id=n.id, types=list(n.types), address=n.address, free=free)
+            if view is None or view.free != free or view.queued != queued:
+                view = views[n.id] = NodeView(id=n.id, types=list(n.types), address=n.address, free=free,
+                                              queued=queued)
             out.append(view)
         return out
 
@@ -508,12 +513,14 @@ class Simulation:
         done: dict[int, int] = {}
         offered = collected = errors = blocked = requests = cut = 0
         failed_page: int | None = None
+        held = 0.0  # page-slot seconds of the run's pages
         timed_out = False
         last_end = t0
         reason = ""
         for page in range(st.first_page, min(st.first_page + st.page_limit, total_pages)):
             free = heapq.heappop(slots)
-            start = max(free, t0, self.cpu_free[run.node], self.next_start[run.node])
+            taken = max(free, t0, self.next_start[run.node])  # the page has its slot: it waits for the CPU in it
+            start = max(taken, self.cpu_free[run.node])
             if start >= failed_at:  # the subtask already failed: pages not started are dropped
                 heapq.heappush(slots, free)
                 break
@@ -525,6 +532,7 @@ class Simulation:
                 self.next_start[run.node] = start + m.delay * (rng.uniform(0.5, 1.5) if m.randomize_delay else 1.0)
             end = start + max(0.0, b.latency + (rng.uniform(-b.spread, b.spread) if b.spread else 0.0))
             heapq.heappush(slots, end)
+            held += min(end, deadline) - taken
             if start > self.now:
                 bisect.insort(starts, start)
             if end > deadline:
@@ -571,7 +579,8 @@ class Simulation:
                         offered=offered, collected=collected, pages=len(done), next_page=next_page,
                         exhausted=exhausted, total_pages=total_pages, started=run.started, ended=ended,
                         attempted=requests + cut, blocked=blocked, failed=errors,
-                        resume_page=resume_page(st.first_page, st.page_limit, done))
+                        resume_page=resume_page(st.first_page, st.page_limit, done),
+                        node_seconds=held / m.concurrency)
         self._pending_pages[st.id] = done
         return report, ended
 
@@ -602,7 +611,8 @@ class Simulation:
         pair[3] += report.pages
         self.estimates.finish(site=st.site, group=st.group, node=nid, offered=report.offered,
                               collected=report.collected, pages=report.pages, seconds=report.seconds, ok=report.ok,
-                              now=self.now, attempted=report.charged, blocked=report.blocked)
+                              now=self.now, attempted=report.charged, blocked=report.blocked,
+                              node_seconds=report.node_seconds)
         (self.reports if report.ok else self.failures).append(report)
         if report.ok:
             self._wake()

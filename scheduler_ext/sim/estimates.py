@@ -29,7 +29,7 @@ def _ewma(old: float | None, x: float, alpha: float) -> float:
 
 def updated(e: Entry | None, *, offered: int, collected: int, pages: int, seconds: float, ok: bool, alpha: float,
             now: float, with_completion: bool, attempted: int | None = None, fail_cost: float = 0.0,
-            blocked: int = 0) -> Entry:
+            blocked: int = 0, node_seconds: float | None = None) -> Entry:
     """The entry after one finished run, as ``finish.lua`` computes it (``attempted``: ``Report.charged``, by
     default the pages plus the one that failed the run, as ``Store.finish``; ``fail_cost``: see
     :func:`~scheduler_ext.strategies.posterior.update_sums`)."""
@@ -44,7 +44,7 @@ def updated(e: Entry | None, *, offered: int, collected: int, pages: int, second
     failed = (0 if ok else 1) if attempted is None else attempted - pages
     sums = update_sums(e.sums, pages_done=pages, failed_pages=failed, offered=offered, collected=collected,
                        seconds=seconds, alpha=alpha, now=now, failed=not ok, fail_cost=fail_cost,
-                       error_pages=failed - blocked)
+                       error_pages=failed - blocked, node_seconds=node_seconds)
     return replace(e, c=c, spp=spp, runs=e.runs + 1, last=now, sums=sums)
 
 
@@ -61,12 +61,13 @@ class MemoryEstimates:
         self._copied: set[str] = set()  # sites whose sums are a new mapping since the last read()
 
     def finish(self, *, site: str, group: str, node: str, offered: int, collected: int, pages: int,
-               seconds: float, ok: bool, now: float, attempted: int | None = None, blocked: int = 0) -> None:
+               seconds: float, ok: bool, now: float, attempted: int | None = None, blocked: int = 0,
+               node_seconds: float | None = None) -> None:
         def update(entries: dict[str, Entry], sums: dict[str, Sums], with_completion: bool) -> None:
             e = entries[node] = updated(entries.get(node), offered=offered, collected=collected, pages=pages,
                                         seconds=seconds, ok=ok, alpha=self.alpha, now=now,
                                         with_completion=with_completion, attempted=attempted,
-                                        fail_cost=self.fail_cost, blocked=blocked)
+                                        fail_cost=self.fail_cost, blocked=blocked, node_seconds=node_seconds)
             assert e.sums is not None  # updated() always sets them
             sums[node] = e.sums
 

@@ -31,12 +31,14 @@ class Estimate:
 
 @dataclass
 class NodeView:
-    """A live node as allocation sees it: ``free`` is how many more subtasks its crawl queue may take now."""
+    """A live node as allocation sees it: ``free`` is how many more subtasks its crawl queue may take now,
+    ``queued`` how many wait in it already (none of its slots has taken them yet)."""
 
     id: str
     types: list[int]
     address: str | None = None
     free: int = 0
+    queued: int = 0
     info: dict[str, Any] = field(default_factory=dict)
 
 

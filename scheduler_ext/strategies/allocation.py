@@ -173,6 +173,10 @@ class _Site:
         self._free_lists: dict[float, _FreeList] = {}
         self.memo: dict[str, Any] = {}  # what a strategy keeps per (site, type) for this call (the bandit's retry)
 
+    def rewind(self) -> None:
+        """Forgets which nodes were found full: the free lists are made again as asked."""
+        self._free_lists.clear()
+
     def free_list(self, threshold: float) -> _FreeList:
         """The free explored nodes no slower than ``threshold``, best rate first (shared per threshold)."""
         fl = self._free_lists.get(threshold)
@@ -220,6 +224,7 @@ class _Class:
         self.queues: tuple[list[tuple[int, Subtask]], list[tuple[int, Subtask]]] = ([], [])  # (aged, fresh)
         self.heads = [0, 0]
         self.floors = (0.0, rate_floor * self.top)  # aged subtasks take any eligible node
+        self.threshold = threshold
         self.free_list = site.free_list(threshold)
         self.others = sorted((-v, r.index[n], n) for n, v in others.items())
         self.i, self.j = 0, 0
@@ -243,6 +248,12 @@ class _Class:
         if rate < self.floors[not aged] or (rate <= 0 and not aged):
             return None
         return pick
+
+    def rewind(self) -> None:
+        """Starts the walk of the free nodes over: the greedy runs again with more free slots than it left
+        (call :meth:`_Site.rewind` first)."""
+        self.free_list = self.site.free_list(self.threshold)
+        self.i, self.j = 0, 0
 
     def head(self, aged: bool) -> tuple[int, Subtask] | None:
         q, h = self.queues[not aged], self.heads[not aged]

@@ -69,6 +69,9 @@ from . import Allocation, Estimates, NodeView
 from .allocation import NOBODY, Rankings, _Class, _Ranking, _Site, _Typed, greedy
 from .posterior import Posterior, Sums, draw_rate, expected_rate, expected_rates
 
+#: Subtasks a node may have waiting in its crawl queue before the exploit matching's second pass
+#: (:meth:`BanditAllocation._exploit`): one keeps it busy until the next tick.
+AHEAD = 1
 #: Free candidates drawn per subtask for exploration: bounds the cost of a tick whatever the cluster's size.
 EXPLORE_SAMPLE = 8
 #: The half-life the exploiting rates are computed with: none (0: no discount). The time discount widens a
@@ -621,7 +624,37 @@ class BanditAllocation(Allocation):
                     continue  # worth it only for a node with nothing as good to do on the window's sites
                 explore.append((-draw / best if best > 0 else -math.inf, order, best <= 0, st, nid,
                                 seen is not None and s is None))
-        return self._match(explore, classes.values(), free, now, len(nodes))
+        queued = {n.id: n.queued for n in nodes}
+        return self._match(explore, classes.values(), free, now, len(nodes), queued)
+
+    @staticmethod
+    def _exploit(classes: list[_Class], free: dict[str, int], queued: Mapping[str, int]) -> list[tuple[Subtask, str]]:
+        """The greedy matching of the exploit queues, in two passes: first every node up to :data:`AHEAD` subtasks
+        in its crawl queue (``queued``, what it holds beyond what its slots run), then every node up to its free
+        slots.
+
+        A node's free slots (its adaptive prefetch, less its queue) do not say whether it can start more work soon:
+        a busy node that ran its queue dry doubles its prefetch, and then the fastest node on a site, free more
+        often than not, took every subtask there, to wait behind ten others in its queue, while a node almost as
+        good stayed idle (the simulator, specialists: 0.8 of its best rate, running a fifth of what its peers ran;
+        0.80 of the best possible against 0.88). Since the rates measure what a pair yields per second of node time
+        (:func:`~scheduler_ext.strategies.posterior.run_seconds`), not how long work waits at the node, the
+        matching looks at the queues: work goes first where a node will start it at once, as fast as the floor
+        allows, and only then queues behind the best."""
+        first = {nid: min(f, max(0, AHEAD - queued.get(nid, 0))) for nid, f in free.items()}
+        room = dict(first)
+        result = greedy(classes, first)
+        left = 0
+        for nid, f in room.items():
+            free[nid] -= f - first[nid]
+            left += max(0, free[nid])
+        if not left:
+            return result
+        for site in {id(cls.site): cls.site for cls in classes}.values():
+            site.rewind()
+        for cls in classes:
+            cls.rewind()
+        return result + greedy(classes, free)
 
     def _in_flight(self, key: tuple[str, str], now: float) -> bool:
         """True while an exploration of the pair ``key`` counts as in flight: sent less than ``explore_timeout`` ago
@@ -713,7 +746,8 @@ class BanditAllocation(Allocation):
         return cls
 
     def _match(self, explore: list[tuple[float, int, bool, Subtask, str, bool]], classes: Iterable[_Class],
-               free: dict[str, int], now: float, cluster: int) -> list[tuple[Subtask, str]]:
+               free: dict[str, int], now: float, cluster: int,
+               queued: Mapping[str, int] | None = None) -> list[tuple[Subtask, str]]:
         assigned: set[str] = set()
         result: list[tuple[Subtask, str]] = []
         assert self.credit is not None
@@ -737,7 +771,7 @@ class BanditAllocation(Allocation):
             for cls in classes:
                 for q in cls.queues:
                     q[:] = [e for e in q if e[1].id not in assigned]
-        exploited = greedy(classes, free)
+        exploited = self._exploit(list(classes), free, queued or {})
         # The budget refills with the assignments made and never banks more than a round of the cluster's nodes.
         self.credit = min(self.credit + self.explore_share * len(exploited), 1.0 + self.explore_share * cluster)
         return result + exploited
