@@ -973,3 +973,26 @@ def test_bandit_explores_a_pair_again_once_its_exploration_ran_blank() -> None:
                     again[name] += 1
                     break
     assert again["blocked"] == 0 and again["blank"] > 5, again
+
+
+def test_bandit_gives_work_to_a_node_that_would_start_it_at_once_before_queueing_it_behind_the_best() -> None:
+    # n1 is the best on a.com (0.1 s a page), n2 nearly as good (0.12 s), n3 far slower (below the floor). Both n1
+    # and n2 have free slots. With n1's crawl queue already holding work, the next subtask goes to n2, which would
+    # start it at once; the one after it waits in n1's queue (the second pass, by rate), never on n3.
+    fast, near, slow = (10, 100, 93, 1.0, True), (10, 100, 93, 1.2, True), (10, 100, 93, 5.0, True)
+    est = (SumsEstimates().runs("a.com", "n1", *[fast] * 4).runs("a.com", "n2", *[near] * 4)
+           .runs("a.com", "n3", *[slow] * 4))
+
+    def nodes(n1_queued: int) -> list[NodeView]:
+        return [NodeView(id="n1", types=[0], free=4, queued=n1_queued), NodeView(id="n2", types=[0], free=4),
+                NodeView(id="n3", types=[0], free=4)]
+
+    def run(subtasks: list[Subtask], n1_queued: int) -> dict[str, str]:
+        strategy = BanditAllocation(explore_share=0)
+        strategy.credit = 0.0
+        return assigned(strategy.allocate(subtasks, nodes(n1_queued), est, NOW))
+
+    assert run([st("s1")], 0) == {"s1": "n1"}  # nothing queued anywhere: the best
+    assert run([st("s1")], 2) == {"s1": "n2"}  # n1 has work waiting: n2 starts it now
+    assert run([st("s1"), st("s2"), st("s3")], 2) == {"s1": "n2", "s2": "n1", "s3": "n1"}  # then queued by rate
+    assert run([st("s1"), st("s2")], 0) == {"s1": "n1", "s2": "n2"}  # one each to keep them busy, then by rate
