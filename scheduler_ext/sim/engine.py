@@ -89,9 +89,9 @@ class NodeModel:
     requests: int = 16  # subtasks a node holds at once (CONCURRENT_REQUESTS); sizes the adaptive prefetch too
     overhead: float = 0.05  # seconds per subtask: take, first request, finish script, report (overlapped)
     # node seconds per page served: its parse, and its share of a 2-core machine that it shares with the other nodes,
-    # the web, MongoDB and the control (fitted to real runs: docs/strategies.md; alone, a node needs 0.007 s)
-    page_cpu: float = 0.010
-    item_cpu: float = 0.001  # node seconds per item stored
+    # the web, MongoDB and the control (fitted to real runs: docs/strategies.md, "The simulator")
+    page_cpu: float = 0.006
+    item_cpu: float = 0.0005  # node seconds per item stored
     refill_interval: float = 0.5  # seconds between a busy node's growths of its adaptive prefetch
     # seconds between the starts of two of a node's pages (DOWNLOAD_DELAY: every page of a node goes to the engine's
     # host, one download slot), each wait drawn in [0.5, 1.5] x delay as Scrapy does (RANDOMIZE_DOWNLOAD_DELAY)
