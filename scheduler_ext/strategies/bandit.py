@@ -33,7 +33,11 @@ Per tick, over the window of waiting subtasks the control passes (priority order
    changes found grant: each confirmed change, as many explorations as the changes it stands for among the
    cluster's pairs (:meth:`ChangeHazard.change`).
 5. Matching: explorations, then the exploit pairs as the dynamic allocation matches them (aged subtasks first,
-   then the highest expected rate, then priority).
+   then the highest expected rate, then priority), first onto nodes with nothing queued, then onto any free slot
+   (:meth:`BanditAllocation._exploit`).
+
+Rates are per second of node time (:func:`~scheduler_ext.strategies.posterior.run_seconds`): what a run cost the
+node's page slots, not how long it took among the node's other work.
 
 A subtask that failed already (``attempt > 0``) is one failure closer to the dead-letter list, where its task stops:
 it is rated by its expected rate times the probability that it finishes before it is dead-lettered, if this node
