@@ -148,6 +148,7 @@ class Config:
     estimate_stale: float = 600.0
     estimate_half_life: float = 30.0
     explore_share: float = 0.2
+    explore_pages: int = 3
     bandit_seed: int | None = None
     slow_factor: float = 3.0
     rate_floor: float = 0.6
@@ -225,6 +226,7 @@ class Config:
             estimate_stale=_seconds(s, "SCHEDEXT_ESTIMATE_STALE"),
             estimate_half_life=_seconds(s, "SCHEDEXT_ESTIMATE_HALF_LIFE"),
             explore_share=_number(s, "SCHEDEXT_EXPLORE_SHARE", float, low=0.0, high=1.0),
+            explore_pages=_number(s, "SCHEDEXT_EXPLORE_PAGES", int, low=0),
             bandit_seed=None if _raw(s, "SCHEDEXT_BANDIT_SEED") is None else _number(s, "SCHEDEXT_BANDIT_SEED", int),
             slow_factor=_number(s, "SCHEDEXT_SLOW_FACTOR", float, low=1.0),
             rate_floor=_number(s, "SCHEDEXT_RATE_FLOOR", float, low=0.0, high=1.0),

@@ -761,15 +761,18 @@ class _Decider:
         free = {n.id: n.free for n in nodes}
         done: set[str] = set()
         by_id = {st.id: st for st in window}
-        for st, nid in assignments:
-            # A strategy's bug must not break the contract: a subtask once, a node within its free slots.
-            if by_id.get(str(getattr(st, "id", ""))) is not st or st.id in done or free.get(nid, 0) <= 0:
+        for got, nid in assignments:
+            # A strategy's bug must not break the contract: a subtask once (itself, or fewer of its pages), a node
+            # within its free slots.
+            st = by_id.get(str(getattr(got, "id", "")))
+            if (st is None or not (isinstance(got, Subtask) and got.is_capped_of(st)) or st.id in done
+                    or free.get(nid, 0) <= 0):
                 logger.error("allocation strategy returned an invalid assignment (%r -> %r); ignored",
-                             getattr(st, "id", st), nid)
+                             getattr(got, "id", got), nid)
                 continue
             done.add(st.id)
             free[nid] -= 1
-            placed = replace(st, node=nid)
+            placed = replace(got, node=nid)
             raw = self._record(placed)
             writes = [Write.hset(k.subtasks, st.id, raw), Write.lpush(k.crawl(nid), raw),
                       Write.zadd(k.queued, self.now, st.id)]

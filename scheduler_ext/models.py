@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Container
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from . import SCHEMA_VERSION
@@ -108,6 +108,22 @@ class Subtask:
     @classmethod
     def from_json(cls, raw: str | bytes, what: str = "subtask") -> Subtask:
         return cls.from_dict(loads_object(raw, what), what)
+
+    def capped(self, pages: float) -> Subtask:
+        """This subtask with at most ``pages`` pages (itself if it has no more): the slice's first pages only. The
+        task's next subtask starts where the run ended (its report's ``next_page``), so nothing is skipped.
+
+        >>> st = Subtask("s1", "t1", "a.example", first_page=4, page_limit=5, time_limit=30.0)
+        >>> st.capped(2).page_limit, st.capped(2).first_page, st.capped(9) is st
+        (2, 4, True)
+        """
+        return self if self.page_limit <= pages else replace(self, page_limit=max(1, pages))
+
+    def is_capped_of(self, original: Subtask) -> bool:
+        """True if this is ``original`` itself or ``original.capped(n)`` for some ``n``: what an allocation
+        strategy may assign for it (:class:`~scheduler_ext.strategies.Allocation`)."""
+        return self is original or (1 <= self.page_limit < original.page_limit
+                                    and replace(self, page_limit=original.page_limit) == original)
 
 
 def resume_page(first_page: int, page_limit: int, done: Container[int]) -> int:

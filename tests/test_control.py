@@ -5,6 +5,7 @@ Nodes are played by the store's own node operations (take, finish, heartbeat), s
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 from typing import Any
@@ -374,3 +375,41 @@ def test_a_node_that_joins_fills_its_slots_in_its_first_tick(store: Store) -> No
     store.heartbeat("n2", {**NODE_INFO, "prefetch": 40}, 30, [])  # far more free slots than the last tick had
     assert control.tick().allocated == 40
     assert r.llen(k.crawl("n2")) == 40 and r.zcard(k.waiting) == 59
+
+
+class _Sends:
+    """An allocation that sends every subtask to n1 as ``make(subtask)`` says: capped, or forged."""
+
+    def __init__(self, make: Any) -> None:
+        self.make = make
+
+    def allocate(self, subtasks: Any, nodes: Any, estimates: Any, now: float) -> list[tuple[Subtask, str]]:
+        return [(self.make(s), "n1") for s in subtasks][:1]
+
+
+def test_an_exploration_capped_to_its_first_pages_is_queued_capped_and_its_task_goes_on_after_it(
+        store: Store) -> None:
+    inject(store, {"name": "p", "sites": ["a.com"]})
+    store.heartbeat("n1", NODE_INFO, 30, [])
+    control = make_control(store, allocation=_Sends(lambda s: s.capped(1)))
+    assert control.tick().allocated == 1
+    st, token, _ = take(store, "n1")
+    assert (st.first_page, st.page_limit) == (0, 1)  # the split made 3 pages; the strategy sent the first only
+    assert finish(store, "n1", st, token)
+    control.tick()
+    nxt = Subtask.from_json(store.redis.lrange(store.keys.crawl("n1"), 0, -1)[0])
+    assert nxt.task == st.task and nxt.first_page == 1  # from where the capped run ended: no page skipped
+
+
+@pytest.mark.parametrize("forge", [
+    lambda s: Subtask.from_json(s.to_json()).capped(s.page_limit + 1),  # a copy, not capped: not the object
+    lambda s: dataclasses.replace(s, page_limit=1, first_page=s.first_page + 1),  # other pages
+    lambda s: dataclasses.replace(s, page_limit=s.page_limit + 2),  # more pages than it has
+    lambda s: (s.id, s.site),  # not a subtask at all
+])
+def test_an_assignment_that_is_not_the_subtask_or_its_first_pages_is_refused(store: Store, forge: Any) -> None:
+    inject(store, {"name": "p", "sites": ["a.com"]})
+    store.heartbeat("n1", NODE_INFO, 30, [])
+    result = make_control(store, allocation=_Sends(forge)).tick()
+    assert result.allocated == 0
+    assert store.redis.llen(store.keys.crawl("n1")) == 0 and store.redis.zcard(store.keys.waiting) == 1

@@ -31,7 +31,7 @@ from scheduler_ext.strategies import bandit as bandit_module
 from scheduler_ext.strategies import modification as modification_module
 from scheduler_ext.strategies import posterior as posterior_module
 from scheduler_ext.strategies.allocation import DynamicAllocation, RoundRobinAllocation, SharedAllocation
-from scheduler_ext.strategies.bandit import BanditAllocation
+from scheduler_ext.strategies.bandit import EXPLORE_PAGES, BanditAllocation
 from scheduler_ext.strategies.modification import DynamicModification, FixedModification, RelativeModification
 from scheduler_ext.strategies.posterior import Posterior, Sums, update_sums
 from scheduler_ext.strategies.recall import DynamicRecall, NoRecall
@@ -153,6 +153,8 @@ def test_allocation_contract(cls: type[Allocation], seed: int) -> None:
         ids = [s.id for s, _ in result]
         assert len(ids) == len(set(ids)), "a subtask assigned twice"
         assert set(ids) <= given
+        originals = {s.id: s for s in subtasks}
+        assert all(s.is_capped_of(originals[s.id]) for s, _ in result), "not the subtask nor its first pages"
         for s, nid in result:
             assert nid in by_id, "assigned to a node that is not live"
             assert s.type in by_id[nid].types, "assigned to a node of another type"
@@ -904,12 +906,17 @@ def test_bandit_explores_within_its_budget() -> None:
     est = SumsEstimates().runs("a.com", "good", GOOD, GOOD, GOOD)
     nodes = [node("good"), *[node(f"n{i}") for i in range(20)]]
     strategy = BanditAllocation(explore_share=0.1, explore_timeout=0.5)
-    made = 0
+    sent: list[tuple[Subtask, str]] = []
     for tick in range(300):
-        made += len(strategy.allocate([st(f"s{tick}")], nodes, est, NOW + tick))
-    assert made == 300
-    # Start-up budget (one per node) plus a tenth of the exploiting assignments, at most.
-    assert 1 <= strategy.explored <= len(nodes) + 0.1 * 300
+        sent += strategy.allocate([st(f"s{tick}")], nodes, est, NOW + tick)
+    assert len(sent) == 300
+    # Explorations crawl their subtask's first EXPLORE_PAGES pages only; exploiting assignments all 5.
+    explored = [s for s, _ in sent if s.page_limit < 5]
+    assert len(explored) == strategy.explored >= 1
+    assert all(s.page_limit == EXPLORE_PAGES for s in explored)
+    exploited = sum(s.page_limit for s, _ in sent if s.page_limit == 5)
+    # The budget is in pages: the start-up's (one exploration per node) plus a tenth of the exploiting pages.
+    assert EXPLORE_PAGES * len(explored) <= EXPLORE_PAGES * len(nodes) + 0.1 * exploited
 
 
 def test_bandit_explores_a_site_nobody_knows_without_budget() -> None:

@@ -90,7 +90,8 @@ class Allocation(abc.ABC):
         """Assignments (subtask, node id) for some of ``subtasks`` (given in priority order).
 
         Contract: only live nodes of the subtask's type; never more assignments to a node than its ``free``;
-        a subtask at most once (the very object passed in); subtasks left out stay waiting for a later tick.
+        a subtask at most once (the very object passed in, or ``subtask.capped(n)``: its first ``n`` pages only, as the
+        bandit sends an exploration); subtasks left out stay waiting for a later tick.
         """
 
 

@@ -10,8 +10,9 @@ averages, so that
 * exploration goes where it can change a decision: a pair is tried only when a Thompson draw from its posterior
   beats the best *expected* rate on the site (a pair known to be bad almost never does; a pair not seen for a
   while, or never, often does), and only while the exploration budget lasts;
-* the budget is a share of the assignments (``SCHEDEXT_EXPLORE_SHARE`` of them, default 0.2), so exploration
-  stays bounded however many pairs there are, and drift is caught without a staleness timer.
+* the budget is a share of the pages sent (``SCHEDEXT_EXPLORE_SHARE`` of them, default 0.2), so exploration
+  stays bounded however many pairs there are, and drift is caught without a staleness timer; an exploration
+  crawls only the first ``SCHEDEXT_EXPLORE_PAGES`` (3) pages of its subtask (:data:`EXPLORE_PAGES`).
 
 Per tick, over the window of waiting subtasks the control passes (priority order):
 
@@ -22,8 +23,8 @@ Per tick, over the window of waiting subtasks the control passes (priority order
 3. Exploit: a free candidate whose expected rate is at least ``SCHEDEXT_RATE_FLOOR`` of the best expected rate
    (late binding, as in the paper's strategy); after ``SCHEDEXT_PATIENCE`` seconds of waiting, any candidate.
 4. Explore: up to ``EXPLORE_SAMPLE`` free candidates are drawn; one whose Thompson draw beats the best expected rate
-   (and that step 3 would not pick) is an exploration. Explorations go first, best draw first, each costing one
-   unit of budget; a site no candidate has data on needs no budget (there is nothing to exploit). One exploration
+   (and that step 3 would not pick) is an exploration. Explorations go first, best draw first, each costing its
+   pages of the budget; a site no candidate has data on needs no budget (there is nothing to exploit). One exploration
    per pair is in flight at a time: for the recall age, or until the pair's run reports blank
    (:meth:`BanditAllocation._in_flight`). A pair last run before the site's latest change of treatment (any node's
    ``Sums.cp``) is drawn from the prior, as untried;
@@ -52,8 +53,9 @@ nodes alike share a class; at most ``EXPLORE_SAMPLE`` draws per subtask, and
 ``2 x RETRY_SAMPLE`` nodes weighed per class of recalled subtasks, whose avoided nodes count only where the
 weighing reaches them (:class:`_Weighing`). O(free slots + what changed) per tick; no (subtask x node) product.
 
-Settings: ``SCHEDEXT_RATE_FLOOR``, ``SCHEDEXT_PATIENCE``, ``SCHEDEXT_EXPLORE_SHARE``, ``SCHEDEXT_ESTIMATE_HALF_LIFE``,
-``SCHEDEXT_RECALL_THRESHOLD`` (how long an exploration counts as in flight), ``SCHEDEXT_BANDIT_SEED``.
+Settings: ``SCHEDEXT_RATE_FLOOR``, ``SCHEDEXT_PATIENCE``, ``SCHEDEXT_EXPLORE_SHARE``, ``SCHEDEXT_EXPLORE_PAGES``,
+``SCHEDEXT_ESTIMATE_HALF_LIFE``, ``SCHEDEXT_RECALL_THRESHOLD`` (how long an exploration counts as in flight),
+``SCHEDEXT_BANDIT_SEED``.
 """
 
 from __future__ import annotations
@@ -71,11 +73,19 @@ from ..config import config_for
 from ..models import Subtask
 from . import Allocation, Estimates, NodeView
 from .allocation import NOBODY, Rankings, _Class, _Ranking, _Site, _Typed, greedy
-from .posterior import Posterior, Sums, draw_rate, expected_rate, expected_rates
+from .posterior import CHANGE_PAGES, Posterior, Sums, draw_rate, expected_rate, expected_rates
 
 #: Subtasks a node may have waiting in its crawl queue before the exploit matching's second pass
 #: (:meth:`BanditAllocation._exploit`): one keeps it busy until the next tick.
 AHEAD = 1
+#: Pages an exploration crawls at most (:meth:`Subtask.capped`; the task goes on from where the run ended): the fewest
+#: that can show a change point (:data:`~scheduler_ext.strategies.posterior.CHANGE_PAGES`), as many as the prior
+#: weighs. An unsuited pair's pages are slow (the paper profile: 0.5 to 0.8 s against 0.1 to 0.2 s, and errors), so
+#: a whole subtask of them cost its node what dozens of suited pages collect: the simulator's paper profile, 16 seeds,
+#: dynamic / oracle 0.956 uncapped, 0.970 at 3 pages, the first 9 s 0.82 -> 0.87. At 2 pages (0.98 there) a first
+#: look weighs less than the prior: a pair seen bad once kept an expected rate above the floor, was neither explored
+#: nor exploited, and on bench_quality's drift worlds some pairs that turned good were not used for minutes.
+EXPLORE_PAGES = CHANGE_PAGES
 #: Free candidates drawn per subtask for exploration: bounds the cost of a tick whatever the cluster's size.
 EXPLORE_SAMPLE = 8
 #: The half-life the exploiting rates are computed with: none (0: no discount). The time discount widens a
@@ -327,8 +337,12 @@ class _Weighing:
 class BanditAllocation(Allocation):
     def __init__(self, *, rate_floor: float = 0.6, patience: float = 30.0, explore_share: float = 0.2,
                  half_life: float = 30.0, explore_timeout: float = 60.0, recall_max: int = 5,
-                 seed: int | None = 0) -> None:
+                 seed: int | None = 0, explore_pages: int = EXPLORE_PAGES, page_limit: int = 5) -> None:
         self.rate_floor = rate_floor
+        # Pages an exploration crawls at most (0: its whole subtask), and the pages of the budget's unit, one
+        # exploration (SCHEDEXT_PAGE_LIMIT, a first subtask's, if explorations are not capped)
+        self.explore_pages = explore_pages or math.inf
+        self.unit = explore_pages or page_limit
         self.recall_max = recall_max  # runs a subtask gets before it is dead-lettered (SCHEDEXT_RECALL_MAX)
         self.patience = patience
         self.explore_share = explore_share
@@ -340,7 +354,8 @@ class BanditAllocation(Allocation):
         self._unconfirmed: dict[tuple[str, str], tuple[float, float, float, float]] = {}
         self.explore_timeout = explore_timeout
         self.rng = random.Random(seed)
-        self.credit: float | None = None  # exploration budget, in runs; starts at one per node
+        # exploration budget, in pages: starts at one exploration per node, refills with a share of the pages sent
+        self.credit: float | None = None
         # Explorations granted by the changes found (see _watch): spent on pairs whose evidence is stale only
         self.granted = 0.0
         self._pairs: dict[str, int] = {}  # site -> pairs with runs on it
@@ -359,7 +374,7 @@ class BanditAllocation(Allocation):
         c = config_for(crawler)
         return cls(rate_floor=c.rate_floor, patience=c.patience, explore_share=c.explore_share,
                    half_life=c.estimate_half_life, explore_timeout=c.recall_age, recall_max=c.recall_max,
-                   seed=c.bandit_seed)
+                   seed=c.bandit_seed, explore_pages=c.explore_pages, page_limit=c.page_limit)
 
     # --- the posteriors of one (product, site) ------------------------------------------------------------------
     def posteriors(self, group: str, site: str, estimates: Estimates, now: float,
@@ -518,7 +533,7 @@ class BanditAllocation(Allocation):
         if not any(free.values()) or not subtasks:
             return []
         if self.credit is None:
-            self.credit = float(len(nodes))
+            self.credit = float(len(nodes) * self.unit)
         self._expire(estimates, now)
         free_by_type: dict[int, list[str]] = {}
         for n in nodes:
@@ -762,9 +777,10 @@ class BanditAllocation(Allocation):
         for _, _, needed, st, nid, stale in explore:
             if st.id in assigned or free.get(nid, 0) <= 0 or self._in_flight((st.site, nid), now):
                 continue
+            sent = st.capped(self.explore_pages)
             if not needed:
-                if self.credit >= 1:
-                    self.credit -= 1
+                if self.credit >= sent.page_limit:
+                    self.credit -= sent.page_limit
                 elif stale and self.granted >= 1:  # a pair re-opened as changed: what the changes found grant
                     self.granted -= 1
                 else:
@@ -773,12 +789,13 @@ class BanditAllocation(Allocation):
             self.explored += 1
             assigned.add(st.id)
             free[nid] -= 1
-            result.append((st, nid))
+            result.append((sent, nid))
         if assigned:  # the explored subtasks leave the exploit queues
             for cls in classes:
                 for q in cls.queues:
                     q[:] = [e for e in q if e[1].id not in assigned]
         exploited = self._exploit(list(classes), free, queued or {})
         # The budget refills with the assignments made and never banks more than a round of the cluster's nodes.
-        self.credit = min(self.credit + self.explore_share * len(exploited), 1.0 + self.explore_share * cluster)
+        self.credit = min(self.credit + self.explore_share * sum(st.page_limit for st, _ in exploited),
+                          (1.0 + self.explore_share * cluster) * self.unit)
         return result + exploited
