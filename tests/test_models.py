@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import pickle
 from typing import Any
@@ -318,3 +319,21 @@ def test_task_refuses_pickle_and_non_json() -> None:
         Task.from_json(pickle.dumps({"a": 1}))  # type: ignore[arg-type]
     with pytest.raises(InvalidInput, match="task: not JSON"):
         Task.from_json("{")
+
+
+def test_models_doctests() -> None:  # resume_page, Subtask.capped
+    import doctest
+
+    from scheduler_ext import models
+
+    result = doctest.testmod(models)
+    assert result.attempted > 0 and result.failed == 0
+
+
+def test_a_capped_subtask_is_recognised_and_nothing_else_is() -> None:
+    st = Subtask("s1", "t1", "a.example", first_page=4, page_limit=5, time_limit=30.0, payload={"q": "x"})
+    assert st.is_capped_of(st) and st.capped(3).is_capped_of(st) and st.capped(1).is_capped_of(st)
+    assert not st.is_capped_of(st.capped(3))  # more pages than the original
+    assert not Subtask.from_json(st.to_json()).is_capped_of(st)  # an equal copy is not the object passed in
+    assert not dataclasses.replace(st.capped(3), first_page=5).is_capped_of(st)  # other pages
+    assert not dataclasses.replace(st.capped(3), payload={"q": "y"}).is_capped_of(st)  # another query
