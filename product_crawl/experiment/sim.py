@@ -159,7 +159,7 @@ def simulate_configuration(name: str, opts: Options, *, model: NodeModel | None 
                      time_limit=config.time_limit,
                      alpha=config.estimate_alpha, recall_age=config.recall_age,
                      model=(model or NodeModel()).with_settings(Settings(settings)),
-                     sample_interval=opts.sample_interval,
+                     sample_interval=opts.sample_interval, heartbeat=config.heartbeat_interval,
                      seed=seed, pair_samples=len(nodes) * len(opts.sites) <= 10_000)
     started = time.monotonic()
     raw = sim.run()
