@@ -184,27 +184,27 @@ def test_a_simulation_is_reproducible_and_samples_like_a_real_run() -> None:
     assert len(pair) == 5 and pair[0] >= pair[1] >= 0  # offered, collected, runs, pages, estimate
 
 
+def _prefetches(heartbeat: float) -> tuple[set[int], int]:
+    """Every prefetch value a 20 s run of a small world shows, sampled every 0.25 s, and the adaptive minimum."""
+    world = generate("specialists", nodes=3, sites=3, duration=20, seed=0)
+    allocation, modification, recall = CONFIGS["bandit"](0)
+    seen: set[int] = set()
+    sims: list[Simulation] = []
+    sims.append(Simulation(world, world.nodes, _tasks(world.sites, 4, 0), allocation=allocation,
+                           modification=modification, recall=recall, duration=20, seed=0, sample_interval=0.25,
+                           heartbeat=heartbeat, on_sample=lambda _: seen.update(sims[0].prefetch.values())))
+    sims[0].run()
+    return seen, sims[0].prefetch_min
+
+
 def test_a_node_re_paces_its_prefetch_at_its_heartbeats_only() -> None:
     # The real node measures its take rate over a heartbeat interval and advertises the prefetch it sizes at each
     # heartbeat; between them only a starved node's doubling moves it. So with heartbeats far apart every
     # prefetch seen is prefetch_min x a power of two, and with frequent ones it follows the take rate.
-    world = generate("specialists", nodes=3, sites=3, duration=20, seed=0)
-    seen: dict[float, set[int]] = {1000.0: set(), 0.5: set()}
-    for heartbeat in seen:
-        allocation, modification, recall = CONFIGS["bandit"](0)
-        sim: Simulation | None = None
-
-        def look(sample: dict, heartbeat: float = heartbeat) -> None:
-            assert sim is not None
-            seen[heartbeat].update(sim.prefetch.values())
-
-        sim = Simulation(world, world.nodes, _tasks(world.sites, 4, 0), allocation=allocation,
-                         modification=modification, recall=recall, duration=20, seed=0, sample_interval=0.25,
-                         heartbeat=heartbeat, on_sample=look)
-        sim.run()
-        low = sim.prefetch_min
-    assert seen[1000.0] <= {low * 2 ** k for k in range(8)} and len(seen[1000.0]) > 1
-    assert seen[0.5] - {low * 2 ** k for k in range(8)}  # paced by the rate: other values too
+    rare, low = _prefetches(1000.0)
+    assert rare <= {low * 2 ** k for k in range(8)} and len(rare) > 1
+    often, _ = _prefetches(0.5)
+    assert often - {low * 2 ** k for k in range(8)}  # paced by the rate: other values too
 
 
 def test_a_download_delay_spaces_a_nodes_pages_and_bounds_the_best_possible() -> None:
