@@ -31,7 +31,7 @@ from scheduler_ext.strategies import bandit as bandit_module
 from scheduler_ext.strategies import modification as modification_module
 from scheduler_ext.strategies import posterior as posterior_module
 from scheduler_ext.strategies.allocation import DynamicAllocation, RoundRobinAllocation, SharedAllocation
-from scheduler_ext.strategies.bandit import EXPLORE_PAGES, BanditAllocation
+from scheduler_ext.strategies.bandit import AHEAD, EXPLORE_PAGES, BanditAllocation
 from scheduler_ext.strategies.modification import DynamicModification, FixedModification, RelativeModification
 from scheduler_ext.strategies.posterior import Posterior, Sums, update_sums
 from scheduler_ext.strategies.recall import DynamicRecall, NoRecall
@@ -984,8 +984,8 @@ def test_bandit_explores_a_pair_again_once_its_exploration_ran_blank() -> None:
 
 def test_bandit_gives_work_to_a_node_that_would_start_it_at_once_before_queueing_it_behind_the_best() -> None:
     # n1 is the best on a.com (0.1 s a page), n2 nearly as good (0.12 s), n3 far slower (below the floor). Both n1
-    # and n2 have free slots. With n1's crawl queue already holding work, the next subtask goes to n2, which would
-    # start it at once; the one after it waits in n1's queue (the second pass, by rate), never on n3.
+    # and n2 have free slots. With n1's crawl queue already holding AHEAD subtasks, the next go to n2, which would
+    # start them at once; beyond AHEAD there, they wait in n1's queue (the second pass, by rate), never on n3.
     fast, near, slow = (10, 100, 93, 1.0, True), (10, 100, 93, 1.2, True), (10, 100, 93, 5.0, True)
     est = (SumsEstimates().runs("a.com", "n1", *[fast] * 4).runs("a.com", "n2", *[near] * 4)
            .runs("a.com", "n3", *[slow] * 4))
@@ -999,7 +999,10 @@ def test_bandit_gives_work_to_a_node_that_would_start_it_at_once_before_queueing
         strategy.credit = 0.0
         return assigned(strategy.allocate(subtasks, nodes(n1_queued), est, NOW))
 
+    more = [st(f"s{i}") for i in range(1, AHEAD + 2)]
     assert run([st("s1")], 0) == {"s1": "n1"}  # nothing queued anywhere: the best
-    assert run([st("s1")], 2) == {"s1": "n2"}  # n1 has work waiting: n2 starts it now
-    assert run([st("s1"), st("s2"), st("s3")], 2) == {"s1": "n2", "s2": "n1", "s3": "n1"}  # then queued by rate
-    assert run([st("s1"), st("s2")], 0) == {"s1": "n1", "s2": "n2"}  # one each to keep them busy, then by rate
+    assert run([st("s1")], AHEAD) == {"s1": "n2"}  # n1 has its AHEAD waiting: n2 starts it now
+    # n2 takes AHEAD, the one after them waits in n1's queue (the second pass, by rate), never n3's
+    assert run(more, AHEAD) == {**{s.id: "n2" for s in more[:AHEAD]}, more[-1].id: "n1"}
+    # AHEAD each to keep them busy, the best first
+    assert run(more, 0) == {**{s.id: "n1" for s in more[:AHEAD]}, more[-1].id: "n2"}
