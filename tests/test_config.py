@@ -38,6 +38,8 @@ def test_config_is_frozen() -> None:
     ("SCHEDEXT_TICK_INTERVAL", "soon", "SCHEDEXT_TICK_INTERVAL: expected a number > 0, got 'soon'"),
     ("SCHEDEXT_TICK_INTERVAL", 0, "SCHEDEXT_TICK_INTERVAL: expected a number > 0"),
     ("SCHEDEXT_PREFETCH", -1, "SCHEDEXT_PREFETCH: expected an integer >= 0, got -1"),
+    ("SCHEDEXT_EXPLORE_PAGES", 2.5, "SCHEDEXT_EXPLORE_PAGES: expected an integer >= 0"),
+    ("SCHEDEXT_EXPLORE_PAGES", -3, "SCHEDEXT_EXPLORE_PAGES: expected an integer >= 0, got -3"),
     ("SCHEDEXT_TICK_BATCH", "1.5", "SCHEDEXT_TICK_BATCH: expected an integer >= 1"),
     ("SCHEDEXT_ESTIMATE_ALPHA", 2, "SCHEDEXT_ESTIMATE_ALPHA: expected a number > 0 and <= 1"),
     ("SCHEDEXT_NODE_ID", "a|b", "SCHEDEXT_NODE_ID: must not contain '|'"),

@@ -8,6 +8,7 @@ The estimates are an in-memory fake: these are pure decisions on numbers, which 
 from __future__ import annotations
 
 import doctest
+import math
 import random
 import zlib
 from collections import Counter
@@ -602,11 +603,14 @@ def test_load_strategy_builds_defaults_and_reads_settings() -> None:
             "SCHEDEXT_PAGE_LIMIT": 8,
             "SCHEDEXT_ESTIMATE_HALF_LIFE": 45,
             "SCHEDEXT_EXPLORE_SHARE": 0.05,
+            "SCHEDEXT_EXPLORE_PAGES": 2,
         }
     )
     alloc = load_strategy(crawler, "SCHEDEXT_ALLOCATION")  # the default: the bandit
     assert isinstance(alloc, BanditAllocation) and alloc.explore_timeout == 90.0
-    assert (alloc.half_life, alloc.explore_share) == (45.0, 0.05)
+    assert (alloc.half_life, alloc.explore_share, alloc.explore_pages, alloc.unit) == (45.0, 0.05, 2, 2)
+    whole = load_strategy(get_crawler(settings_dict={"SCHEDEXT_EXPLORE_PAGES": 0}), "SCHEDEXT_ALLOCATION")
+    assert (whole.explore_pages, whole.unit) == (math.inf, 5)  # whole subtasks; the budget's unit a first one
     paper = load_strategy(get_crawler(settings_dict={
         "SCHEDEXT_ALLOCATION": "scheduler_ext.strategies.allocation.DynamicAllocation", "SCHEDEXT_SLOW_FACTOR": 5}),
         "SCHEDEXT_ALLOCATION")
