@@ -764,12 +764,13 @@ class _Decider:
         for got, nid in assignments:
             # A strategy's bug must not break the contract: a subtask once (itself, or fewer of its pages), a node
             # within its free slots.
-            st = by_id.get(str(getattr(got, "id", "")))
-            if (st is None or not (isinstance(got, Subtask) and got.is_capped_of(st)) or st.id in done
+            given = by_id.get(str(getattr(got, "id", "")))
+            if (given is None or not (isinstance(got, Subtask) and got.is_capped_of(given)) or given.id in done
                     or free.get(nid, 0) <= 0):
                 logger.error("allocation strategy returned an invalid assignment (%r -> %r); ignored",
                              getattr(got, "id", got), nid)
                 continue
+            st = given
             done.add(st.id)
             free[nid] -= 1
             placed = replace(got, node=nid)

@@ -117,7 +117,7 @@ class Subtask:
         >>> st.capped(2).page_limit, st.capped(2).first_page, st.capped(9) is st
         (2, 4, True)
         """
-        return self if self.page_limit <= pages else replace(self, page_limit=max(1, pages))
+        return self if self.page_limit <= pages else replace(self, page_limit=max(1, int(pages)))
 
     def is_capped_of(self, original: Subtask) -> bool:
         """True if this is ``original`` itself or ``original.capped(n)`` for some ``n``: what an allocation
