@@ -61,7 +61,7 @@ from scrapy.utils.reactor import CallLaterOnce
 from twisted.internet import threads
 
 from .backoff import Backoff, guarded, record_failure, record_success
-from .config import Config, config_for
+from .config import Config, config_for, ready_pages
 from .connection import redis_from_settings
 from .exceptions import ConfigurationError, InvalidInput
 from .keys import Keys
@@ -81,7 +81,7 @@ class Pace:
     """How much work a node keeps at hand, derived from Scrapy's concurrency unless fixed by settings.
 
     ``ready``: pages that should wait ready to download (Scrapy's ``CONCURRENT_REQUESTS_PER_DOMAIN``, capped by
-    ``CONCURRENT_REQUESTS``); ``max_leases``: subtasks held at once at most (``SCHEDEXT_CONCURRENT_SUBTASKS``, or
+    ``CONCURRENT_REQUESTS``; under a ``DOWNLOAD_DELAY``, what starts within a second: :func:`~.config.ready_pages`); ``max_leases``: subtasks held at once at most (``SCHEDEXT_CONCURRENT_SUBTASKS``, or
     ``CONCURRENT_REQUESTS``: one per request slot); ``prefetch``: a fixed prefetch (``SCHEDEXT_PREFETCH``) or None
     for the adaptive one, which starts at ``prefetch_min`` and stays within ``prefetch_max``. ``prefetch_min`` is
     the subtasks that fill the node's ready pages once (``ceil(ready / SCHEDEXT_PAGE_LIMIT)``): a node starts no more
@@ -105,9 +105,12 @@ class Pace:
         Pace(ready=8, max_leases=16, prefetch=None, prefetch_min=2, prefetch_max=64, tick=1.0)
         >>> Pace.from_config(Config(concurrent_subtasks=1, prefetch=2), Settings({"CONCURRENT_REQUESTS": 4}))
         Pace(ready=4, max_leases=1, prefetch=2, prefetch_min=2, prefetch_max=16, tick=1.0)
+        >>> Pace.from_config(Config(), Settings({"DOWNLOAD_DELAY": 2}))  # a page per 2 s: one waits ready
+        Pace(ready=1, max_leases=16, prefetch=None, prefetch_min=1, prefetch_max=64, tick=1.0)
         """
         requests = max(1, settings.getint("CONCURRENT_REQUESTS"))
-        ready = max(1, min(requests, settings.getint("CONCURRENT_REQUESTS_PER_DOMAIN")))
+        ready = ready_pages(min(requests, settings.getint("CONCURRENT_REQUESTS_PER_DOMAIN")),
+                            settings.getfloat("DOWNLOAD_DELAY"))
         start = math.ceil(ready / config.page_limit) if config.prefetch is None else config.prefetch
         return cls(ready=ready, max_leases=config.concurrent_subtasks or requests, prefetch=config.prefetch,
                    prefetch_min=start, prefetch_max=max(start, 4 * requests), tick=config.tick_interval)

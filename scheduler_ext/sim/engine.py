@@ -17,7 +17,8 @@ What is simulated, and how (docs/strategies.md, "The simulator", gives the calib
   Modification, recall and allocation are therefore decided by the same code as in a real cluster; only reading
   and applying are the simulator's.
 * **A node** (the real node's ``Pace``, docs/node.md) holds up to ``requests`` subtasks at once and takes the next
-  subtask of its crawl queue whenever it has room: fewer than ``concurrency`` of its pages wait to start (at once
+  subtask of its crawl queue whenever it has room: fewer than ``ready`` of its pages wait to start (``concurrency``,
+  or under a ``delay`` what starts within a second: :func:`~scheduler_ext.config.ready_pages`) (at once
   after a finish or when a page starts, and as an entry reaches its crawl queue: an idle node waits on it). The
   pages of all its subtasks share its
   ``concurrency`` page slots, first taken first served, and its CPU (``page_cpu`` per page served, ``item_cpu`` per
@@ -56,6 +57,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..config import ready_pages
 from ..control import CountingIds, Decision, Entry, Snapshot, Strategies, decide
 from ..keys import Keys
 from ..models import Report, Subtask, Task, resume_page
@@ -100,6 +102,12 @@ class NodeModel:
     # host, one download slot), each wait drawn in [0.5, 1.5] x delay as Scrapy does (RANDOMIZE_DOWNLOAD_DELAY)
     delay: float = 0.0
     randomize_delay: bool = True
+
+    @property
+    def ready(self) -> int:
+        """Pages the node keeps waiting ready to download (the real node's ``Pace.ready``:
+        :func:`~scheduler_ext.config.ready_pages`)."""
+        return ready_pages(self.concurrency, self.delay)
 
     def with_settings(self, settings: Any) -> NodeModel:
         """This model under a configuration's Scrapy settings (a ``BaseSettings``), read as a real node reads them:
@@ -218,7 +226,8 @@ class Simulation:
         self.cpu_free: dict[str, float] = dict.fromkeys(self.nodes, 0.0)
         self.next_start: dict[str, float] = dict.fromkeys(self.nodes, 0.0)  # a node's next page, by its delay
         self.starts: dict[str, list[float]] = {n: [] for n in self.nodes}  # start times of pages not yet started
-        self.prefetch_min = math.ceil(m.concurrency / max(1, page_limit))
+        self.ready = m.ready  # pages a node keeps waiting to start
+        self.prefetch_min = math.ceil(self.ready / max(1, page_limit))
         self.prefetch_max = max(self.prefetch_min, 4 * m.requests)
         self.prefetch = {n.id: self.prefetch_min if n.prefetch is None else n.prefetch for n in nodes}
         self._takes: dict[str, int] = dict.fromkeys(self.nodes, 0)
@@ -489,12 +498,12 @@ class Simulation:
         return starts
 
     def _take(self, nid: str) -> None:
-        """Take subtasks while the node has room (fewer than ``requests`` held, fewer than ``concurrency`` pages
+        """Take subtasks while the node has room (fewer than ``requests`` held, fewer than ``ready`` pages
         waiting to start), as the real node does."""
         if not self.live(nid):
             return
         running, queue, m = self.running[nid], self.queues[nid], self.model
-        while queue and len(running) < m.requests and len(self._waiting_pages(nid)) < m.concurrency:
+        while queue and len(running) < m.requests and len(self._waiting_pages(nid)) < self.ready:
             st = queue.pop(0)
             running[st.id] = run = _Run(st, nid, self.now)
             self._takes[nid] += 1
@@ -590,7 +599,7 @@ class Simulation:
                         exhausted=exhausted, total_pages=total_pages, started=run.started, ended=ended,
                         attempted=requests + cut, blocked=blocked, failed=errors,
                         resume_page=resume_page(st.first_page, st.page_limit, done),
-                        node_seconds=held / m.concurrency)
+                        node_seconds=held / self.ready)
         self._pending_pages[st.id] = done
         return report, ended
 
