@@ -81,7 +81,8 @@ class Pace:
     """How much work a node keeps at hand, derived from Scrapy's concurrency unless fixed by settings.
 
     ``ready``: pages that should wait ready to download (Scrapy's ``CONCURRENT_REQUESTS_PER_DOMAIN``, capped by
-    ``CONCURRENT_REQUESTS``; under a ``DOWNLOAD_DELAY``, what starts within a second: :func:`~.config.ready_pages`); ``max_leases``: subtasks held at once at most (``SCHEDEXT_CONCURRENT_SUBTASKS``, or
+    ``CONCURRENT_REQUESTS``; under a ``DOWNLOAD_DELAY``, what starts within a second:
+    :func:`~.config.ready_pages`); ``max_leases``: subtasks held at once at most (``SCHEDEXT_CONCURRENT_SUBTASKS``, or
     ``CONCURRENT_REQUESTS``: one per request slot); ``prefetch``: a fixed prefetch (``SCHEDEXT_PREFETCH``) or None
     for the adaptive one, which starts at ``prefetch_min`` and stays within ``prefetch_max``. ``prefetch_min`` is
     the subtasks that fill the node's ready pages once (``ceil(ready / SCHEDEXT_PAGE_LIMIT)``): a node starts no more
