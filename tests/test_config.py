@@ -56,3 +56,13 @@ def test_a_bad_value_names_the_setting_and_what_was_expected(name: str, value: o
 
 def test_backoff_doubles_up_to_its_cap() -> None:
     assert [backoff(n, 1.0, 5.0) for n in range(5)] == [0.0, 1.0, 2.0, 4.0, 5.0]
+
+
+def test_config_and_pace_doctests() -> None:  # ready_pages, and a node's Pace under a DOWNLOAD_DELAY
+    import doctest
+
+    from scheduler_ext import config, scheduler
+
+    for module in (config, scheduler):
+        result = doctest.testmod(module)
+        assert result.attempted > 0 and result.failed == 0, module.__name__
