@@ -2,7 +2,7 @@
 possible, on generated families of profiles (scheduler_ext/sim/families.py), with the distribution of the ratios.
 
     python benchmarks/bench_quality.py [--nodes 12] [--sites 8] [--products 16] [--duration 300] [--seeds 5]
-                                       [--seed-start 0] [--families all] [--scale]
+                                       [--seed-start 0] [--families all] [--scale] [--scale-delay 0]
                                        [--out benchmarks/results/bench_quality.json]
 
 For every family and seed (``--seeds`` of them from ``--seed-start``: a second set of worlds to check a result
@@ -19,7 +19,8 @@ CPU time (what the wall time is on a quiet machine; the wall time is reported to
 strategy took (the control's own decision code) and how much the rest (the simulator, and decide's other steps),
 the subtasks decided per simulated second, and the time of a simulated day extrapolated from the second half of
 the run (past the start-up: the steady state's pace) and from the whole run. ``--families none --scale`` runs
-those alone.
+those alone; ``--scale-delay 2`` gives the nodes a 2 s ``DOWNLOAD_DELAY`` (a polite pace for a search engine: a
+node then starts a page every 2 s) instead of the loopback pace.
 """
 
 from __future__ import annotations
@@ -110,7 +111,7 @@ class _Timed:
             self.seconds += time.process_time() - started
 
 
-def scale_run(name: str, duration: float) -> dict[str, Any]:
+def scale_run(name: str, duration: float, delay: float = 0.0) -> dict[str, Any]:
     world = generate("specialists", nodes=1000, sites=200, duration=duration, seed=0)
     rng = random.Random(0)
     tasks = (TaskSpec(f"p{p}", s, rng.randint(3000, 30000)) for p in range(10_000) for s in world.sites)
@@ -120,7 +121,7 @@ def scale_run(name: str, duration: float) -> dict[str, Any]:
     walls: list[float] = []
     sim = Simulation(world, world.nodes, tasks, allocation=timed, modification=modification, recall=recall,
                      duration=duration, tick=1.0, seed=0, pair_samples=False, sample_interval=duration / 20,
-                     on_sample=lambda s: walls.append(time.process_time()))
+                     on_sample=lambda s: walls.append(time.process_time()), model=NodeModel(delay=delay))
     started, started_wall = time.process_time(), time.monotonic()
     raw = sim.run()
     wall = time.process_time() - started
@@ -128,7 +129,8 @@ def scale_run(name: str, duration: float) -> dict[str, Any]:
     half = next(i for i, s in enumerate(samples) if s["t"] >= duration / 2)
     late = samples[half:]
     late_wall = walls[-1] - walls[half]  # the second half: past the start-up (prefetch filling, first runs)
-    out = {"configuration": name, "nodes": 1000, "sites": 200, "products": 10_000, "simulated_seconds": duration,
+    out = {"configuration": name, "nodes": 1000, "sites": 200, "products": 10_000, "download_delay": delay,
+           "simulated_seconds": duration,
            "cpu_seconds": round(wall, 1), "wall_seconds": round(time.monotonic() - started_wall, 1),
            "allocation_seconds": round(timed.seconds, 1),
            "other_seconds": round(wall - timed.seconds, 1), "subtasks": raw["allocated"],
@@ -147,7 +149,7 @@ def scale_run(name: str, duration: float) -> dict[str, Any]:
 
 
 def scale(args: argparse.Namespace) -> list[dict[str, Any]]:
-    return [scale_run(name, args.scale_duration) for name in args.scale_configs.split(",")]
+    return [scale_run(name, args.scale_duration, args.scale_delay) for name in args.scale_configs.split(",")]
 
 
 def main() -> None:
@@ -162,6 +164,8 @@ def main() -> None:
     p.add_argument("--scale", action="store_true")
     p.add_argument("--scale-duration", type=float, default=600.0)
     p.add_argument("--scale-configs", default="bandit,fifo", help=f"comma-separated, from {', '.join(CONFIGS)}")
+    p.add_argument("--scale-delay", type=float, default=0.0,
+                   help="the nodes' DOWNLOAD_DELAY in the scale runs (seconds; 0: the loopback pace)")
     p.add_argument("--out", type=Path, default=Path("benchmarks/results/bench_quality.json"))
     args = p.parse_args()
     families = FAMILIES if args.families == "all" else () if args.families == "none" \
