@@ -66,3 +66,12 @@ def test_config_and_pace_doctests() -> None:  # ready_pages, and a node's Pace u
     for module in (config, scheduler):
         result = doctest.testmod(module)
         assert result.attempted > 0 and result.failed == 0, module.__name__
+
+
+def test_the_exploration_size_has_one_default() -> None:
+    # The setting's default, the config's and the bandit's are the change-point minimum (strategies.md, step 5).
+    from scheduler_ext.defaults import DEFAULTS
+    from scheduler_ext.strategies.bandit import EXPLORE_PAGES
+    from scheduler_ext.strategies.posterior import CHANGE_PAGES
+
+    assert DEFAULTS["SCHEDEXT_EXPLORE_PAGES"] == Config().explore_pages == EXPLORE_PAGES == CHANGE_PAGES

@@ -33,7 +33,7 @@ What is simulated, and how (docs/strategies.md, "The simulator", gives the calib
   taking its slot (its wait for the node's CPU included, as a busy Scrapy process is late to send a request and
   to read its response) to its end or the time limit.
 * **Prefetch.** A node with a fixed ``prefetch`` advertises it; else the adaptive one of the real node: it starts at
-  ``ceil(concurrency / page_limit)``, is sized at each of the node's heartbeats (``heartbeat`` seconds apart, the
+  ``ceil(ready / page_limit)``, is sized at each of the node's heartbeats (``heartbeat`` seconds apart, the
   nodes' out of step) to about two ticks of the take rate measured since the last, doubles when the node is busy
   and its queue ran dry, and stays within ``4 x requests``. (Until 2026-12-03 the simulator re-paced every node at
   every tick; on the paper profile that filled the nodes' prefetch within 0.2 s where a real node takes a second or
