@@ -798,7 +798,8 @@ class BanditAllocation(Allocation):
                 for q in cls.queues:
                     q[:] = [e for e in q if e[1].id not in assigned]
         exploited = self._exploit(list(classes), free, queued or {})
-        # The budget refills with the assignments made and never banks more than a round of the cluster's nodes.
+        # The budget refills with a share of the pages sent and never banks more than a round of the cluster's nodes'
+        # explorations.
         self.credit = min(self.credit + self.explore_share * sum(st.page_limit for st, _ in exploited),
                           (1.0 + self.explore_share * cluster) * self.unit)
         return result + exploited
