@@ -615,6 +615,13 @@ def test_load_strategy_builds_defaults_and_reads_settings() -> None:
         "SCHEDEXT_ALLOCATION": "scheduler_ext.strategies.allocation.DynamicAllocation", "SCHEDEXT_SLOW_FACTOR": 5}),
         "SCHEDEXT_ALLOCATION")
     assert isinstance(paper, DynamicAllocation) and paper.slow_factor == 5.0
+    # SCHEDEXT_RATE_FLOOR unset: each strategy's own floor; set: the setting's, for both.
+    assert (alloc.rate_floor, paper.rate_floor) == (BanditAllocation.RATE_FLOOR, DynamicAllocation.RATE_FLOOR)
+    assert (BanditAllocation.RATE_FLOOR, DynamicAllocation.RATE_FLOOR) == (0.5, 0.6)
+    for path in ("scheduler_ext.strategies.bandit.BanditAllocation",
+                 "scheduler_ext.strategies.allocation.DynamicAllocation"):
+        set_floor = get_crawler(settings_dict={"SCHEDEXT_ALLOCATION": path, "SCHEDEXT_RATE_FLOOR": 0.75})
+        assert load_strategy(set_floor, "SCHEDEXT_ALLOCATION").rate_floor == 0.75
     recall = load_strategy(crawler, "SCHEDEXT_RECALL")
     assert isinstance(recall, DynamicRecall) and (recall.threshold, recall.max_recalls) == (90.0, 3)
     mod = load_strategy(crawler, "SCHEDEXT_MODIFICATION")
@@ -715,6 +722,25 @@ def test_bandit_single_failed_run_does_not_write_a_pair_off() -> None:
     # The paper's allocation on the same data: n2's completion is 0, it never qualifies before patience.
     paper = FakeEstimates().set("a.com", "n1", 0.93, 0.1).set("a.com", "n2", 0.0, 1.0, last_run=NOW - 120)
     assert DynamicAllocation().allocate([st("s1")], [node("n1", 0), node("n2")], paper, NOW) == []
+
+
+def test_bandit_prior_pace_is_the_best_pace_per_node_second() -> None:
+    # Rates are per second of node time, where a page costs hundredths of a second: n1 ran 3 runs of 10 pages at
+    # 0.02 s a page (50 pages a second). n2's only run is a 3-page first look as good. The prior of the site
+    # (which every posterior includes, 3 pages of it) is as fast as the best pair: then the first look alone
+    # makes n2 about n1's peer, and n2 gets the subtask n1 has no slot for.
+    fast = (10, 100, 93, 0.2, True)
+    est = SumsEstimates().runs("a.com", "n1", fast, fast, fast).runs("a.com", "n2", (3, 30, 28, 0.06, True))
+    bandit = BanditAllocation(explore_share=0)
+    posts, prior = bandit.posteriors("g", "a.com", est, NOW)
+    assert prior.pace == pytest.approx(50.0, rel=0.01)  # (pages + 1) / (sec + 1) said 16
+    assert posts["n2"].mean > 0.9 * posts["n1"].mean  # the former prior: 0.64 of it
+    assert assigned(bandit.allocate([st("s1")], [node("n1", 0), node("n2")], est, NOW)) == {"s1": "n2"}
+    # A node with fewer pages of pace than the prior weighs does not set the prior's pace, unless none has more.
+    lucky = SumsEstimates().runs("a.com", "n1", fast).runs("a.com", "n2", (1, 10, 10, 0.001, True))
+    assert BanditAllocation().posteriors("g", "a.com", lucky, NOW)[1].pace == pytest.approx(50.0, rel=0.01)
+    alone = SumsEstimates().runs("a.com", "n2", (1, 10, 10, 0.01, True))
+    assert BanditAllocation().posteriors("g", "a.com", alone, NOW)[1].pace == pytest.approx(100.0)
 
 
 def test_bandit_charges_blocked_pages() -> None:
