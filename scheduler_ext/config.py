@@ -152,7 +152,7 @@ class Config:
     explore_pages: int = 3
     bandit_seed: int | None = None
     slow_factor: float = 3.0
-    rate_floor: float | None = None  # None: the allocation strategy's own (its RATE_FLOOR)
+    rate_floor: float = 0.6
     patience: float = 30.0
     page_limit_min: int = 1
     page_limit_max: int = 20
@@ -230,8 +230,7 @@ class Config:
             explore_pages=_number(s, "SCHEDEXT_EXPLORE_PAGES", int, low=0),
             bandit_seed=None if _raw(s, "SCHEDEXT_BANDIT_SEED") is None else _number(s, "SCHEDEXT_BANDIT_SEED", int),
             slow_factor=_number(s, "SCHEDEXT_SLOW_FACTOR", float, low=1.0),
-            rate_floor=None if _raw(s, "SCHEDEXT_RATE_FLOOR") is None
-            else _number(s, "SCHEDEXT_RATE_FLOOR", float, low=0.0, high=1.0),
+            rate_floor=_number(s, "SCHEDEXT_RATE_FLOOR", float, low=0.0, high=1.0),
             patience=_seconds(s, "SCHEDEXT_PATIENCE", zero_ok=True),
             page_limit_min=_number(s, "SCHEDEXT_PAGE_LIMIT_MIN", int, low=1),
             page_limit_max=_number(s, "SCHEDEXT_PAGE_LIMIT_MAX", int, low=1),

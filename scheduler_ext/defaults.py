@@ -57,8 +57,7 @@ DEFAULTS: dict[str, Any] = {
     "SCHEDEXT_ESTIMATE_ALPHA": 0.3,  # weight of the newest run in the moving estimates (0..1]
     "SCHEDEXT_EXPLORE_RUNS": 1,  # runs a (site, node) pair gets before its estimate is trusted
     "SCHEDEXT_SLOW_FACTOR": 3.0,  # a node this many times slower per page than the best is excluded
-    "SCHEDEXT_RATE_FLOOR": None,  # a free node gets a subtask only at >= this share of the best node's rate
-    # (None: the allocation strategy's own, RATE_FLOOR: 0.6 for dynamic, 0.5 for bandit)
+    "SCHEDEXT_RATE_FLOOR": 0.6,  # a free node gets a subtask only at >= this share of the best node's rate
     "SCHEDEXT_PATIENCE": 30.0,  # seconds a subtask waits for a good node before any eligible node will do
     "SCHEDEXT_ESTIMATE_STALE": 600.0,  # seconds after which a (site, node) estimate is explored again
     "SCHEDEXT_ESTIMATE_HALF_LIFE": 30.0,  # seconds; bandit: prior half-life of unused evidence (then learnt)

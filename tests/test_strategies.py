@@ -615,9 +615,7 @@ def test_load_strategy_builds_defaults_and_reads_settings() -> None:
         "SCHEDEXT_ALLOCATION": "scheduler_ext.strategies.allocation.DynamicAllocation", "SCHEDEXT_SLOW_FACTOR": 5}),
         "SCHEDEXT_ALLOCATION")
     assert isinstance(paper, DynamicAllocation) and paper.slow_factor == 5.0
-    # SCHEDEXT_RATE_FLOOR unset: each strategy's own floor; set: the setting's, for both.
-    assert (alloc.rate_floor, paper.rate_floor) == (BanditAllocation.RATE_FLOOR, DynamicAllocation.RATE_FLOOR)
-    assert (BanditAllocation.RATE_FLOOR, DynamicAllocation.RATE_FLOOR) == (0.5, 0.6)
+    assert alloc.rate_floor == paper.rate_floor == 0.6  # SCHEDEXT_RATE_FLOOR's default
     for path in ("scheduler_ext.strategies.bandit.BanditAllocation",
                  "scheduler_ext.strategies.allocation.DynamicAllocation"):
         set_floor = get_crawler(settings_dict={"SCHEDEXT_ALLOCATION": path, "SCHEDEXT_RATE_FLOOR": 0.75})

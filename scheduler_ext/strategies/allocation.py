@@ -319,11 +319,8 @@ class DynamicAllocation(Allocation):
     object when its content changes); without them each node is asked in turn (exact, O(nodes) per product).
     """
 
-    #: ``SCHEDEXT_RATE_FLOOR`` when it is not set.
-    RATE_FLOOR = 0.6
-
     def __init__(self, *, explore_runs: int = 1, stale_after: float = 600.0, slow_factor: float = 3.0,
-                 rate_floor: float = RATE_FLOOR, patience: float = 30.0, explore_timeout: float = 60.0) -> None:
+                 rate_floor: float = 0.6, patience: float = 30.0, explore_timeout: float = 60.0) -> None:
         self.explore_runs = explore_runs
         self.stale_after = stale_after
         self.slow_factor = slow_factor
@@ -337,8 +334,7 @@ class DynamicAllocation(Allocation):
     def from_crawler(cls, crawler: Any) -> DynamicAllocation:
         c = config_for(crawler)
         return cls(explore_runs=c.explore_runs, stale_after=c.estimate_stale, slow_factor=c.slow_factor,
-                   rate_floor=cls.RATE_FLOOR if c.rate_floor is None else c.rate_floor, patience=c.patience,
-                   explore_timeout=c.recall_age)
+                   rate_floor=c.rate_floor, patience=c.patience, explore_timeout=c.recall_age)
 
     def rate(self, subtask: Subtask, node: NodeView, estimates: Estimates, now: float) -> tuple[float, float] | None:
         """(expected results per second, seconds per page) of ``node`` for ``subtask``; None if unexplored."""

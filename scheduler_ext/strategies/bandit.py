@@ -338,17 +338,7 @@ class _Weighing:
 
 
 class BanditAllocation(Allocation):
-    #: ``SCHEDEXT_RATE_FLOOR`` when it is not set: lower than the paper's allocation's 0.6, because the rates here
-    #: are per second of node time and the prior's pace is the site's best (:meth:`_prior`), so they are as far
-    #: apart as the pairs are. The moving averages of the paper's allocation are per second of a run's wall time,
-    #: which on a loaded node includes the waits behind its other work and pulls every pair towards the node's mix
-    #: (a node half as fast looks about 0.86 as fast: :func:`~scheduler_ext.strategies.posterior.run_seconds`).
-    #: At 0.6 here a node about half as fast as a site's best stayed idle rather than take the site's work (the
-    #: simulator, specialists: two of twelve nodes idle 80 % of a run, 2 % fewer items over ten worlds); at 0.4 the
-    #: paper profile lost 0.9 % (slower pairs taken while the best would soon be free), at 0.5 0.4 %.
-    RATE_FLOOR = 0.5
-
-    def __init__(self, *, rate_floor: float = RATE_FLOOR, patience: float = 30.0, explore_share: float = 0.2,
+    def __init__(self, *, rate_floor: float = 0.6, patience: float = 30.0, explore_share: float = 0.2,
                  half_life: float = 30.0, explore_timeout: float = 60.0, recall_max: int = 5,
                  seed: int | None = 0, explore_pages: int = EXPLORE_PAGES, page_limit: int = 5) -> None:
         self.rate_floor = rate_floor
@@ -385,7 +375,7 @@ class BanditAllocation(Allocation):
     @classmethod
     def from_crawler(cls, crawler: Any) -> BanditAllocation:
         c = config_for(crawler)
-        return cls(rate_floor=cls.RATE_FLOOR if c.rate_floor is None else c.rate_floor, patience=c.patience, explore_share=c.explore_share,
+        return cls(rate_floor=c.rate_floor, patience=c.patience, explore_share=c.explore_share,
                    half_life=c.estimate_half_life, explore_timeout=c.recall_age, recall_max=c.recall_max,
                    seed=c.bandit_seed, explore_pages=c.explore_pages, page_limit=c.page_limit)
 
@@ -426,7 +416,7 @@ class BanditAllocation(Allocation):
         hundredths of a second: the former ``(pages + 1) / (sec + 1)`` put the prior at a third of the best pace,
         so an untried or re-opened pair was drawn far below the site's best and a suited pair after its first
         3-page look was rated below the floor (the simulator's drift worlds: a pair that turned good used after
-        18.7 s at the p90, 7.5 s with this prior)."""
+        18.7 s at the p90, 7.3 s with this prior)."""
         if not sums:
             return 0.5, 1.0
         paced = [s for s in sums.values() if s.sec > 0 and s.pages - s.xp > 0]
