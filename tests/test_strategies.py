@@ -34,7 +34,7 @@ from scheduler_ext.strategies import posterior as posterior_module
 from scheduler_ext.strategies.allocation import DynamicAllocation, RoundRobinAllocation, SharedAllocation
 from scheduler_ext.strategies.bandit import AHEAD, EXPLORE_PAGES, BanditAllocation
 from scheduler_ext.strategies.modification import DynamicModification, FixedModification, RelativeModification
-from scheduler_ext.strategies.posterior import Posterior, Sums, update_sums
+from scheduler_ext.strategies.posterior import PACE_MAX, Posterior, Sums, update_sums
 from scheduler_ext.strategies.recall import DynamicRecall, NoRecall
 
 NOW = 10_000.0
@@ -739,6 +739,13 @@ def test_bandit_prior_pace_is_the_best_pace_per_node_second() -> None:
     assert BanditAllocation().posteriors("g", "a.com", lucky, NOW)[1].pace == pytest.approx(50.0, rel=0.01)
     alone = SumsEstimates().runs("a.com", "n2", (1, 10, 10, 0.01, True))
     assert BanditAllocation().posteriors("g", "a.com", alone, NOW)[1].pace == pytest.approx(100.0)
+    # Seconds near 0 (an entry written by hand) bound the pace instead of making it infinite: allocation still
+    # draws (a division by zero otherwise) and decides.
+    instant = SumsEstimates().put("a.com", "n1", Sums(n=1, pages=5, got=5, sec=1e-320, t=NOW - 1))
+    assert BanditAllocation().posteriors("g", "a.com", instant, NOW)[1].pace == PACE_MAX
+    for seed in range(20):
+        result = BanditAllocation(seed=seed).allocate([st("s1")], [node("n1", 0), node("n2")], instant, NOW)
+        assert assigned(result) in ({}, {"s1": "n2"})
 
 
 def test_bandit_charges_blocked_pages() -> None:

@@ -73,7 +73,7 @@ from ..config import config_for
 from ..models import Subtask
 from . import Allocation, Estimates, NodeView
 from .allocation import NOBODY, Rankings, _Class, _Ranking, _Site, _Typed, greedy
-from .posterior import CHANGE_PAGES, PRIOR_WEIGHT, Posterior, Sums, draw_rate, expected_rate, expected_rates
+from .posterior import CHANGE_PAGES, PACE_MAX, PRIOR_WEIGHT, Posterior, Sums, draw_rate, expected_rate, expected_rates
 
 #: Subtasks a node may have waiting in its crawl queue before the exploit matching's second pass
 #: (:meth:`BanditAllocation._exploit`): enough to keep it busy until the next tick. One sent a site's work to a
@@ -422,7 +422,7 @@ class BanditAllocation(Allocation):
         paced = [s for s in sums.values() if s.sec > 0 and s.pages - s.xp > 0]
         sure = [s for s in paced if s.pages - s.xp >= PRIOR_WEIGHT] or paced
         return (max((s.got + 0.5) / (s.pages + 1.0) for s in sums.values()),
-                max(((s.pages - s.xp) / s.sec for s in sure), default=1.0))
+                min(PACE_MAX, max(((s.pages - s.xp) / s.sec for s in sure), default=1.0)))
 
     def _site_posteriors(self, sums: Mapping[str, Sums], now: float) -> tuple[dict[str, Posterior], Posterior]:
         """Node -> posterior on a site from the site's sums, and the prior of an untried node there."""

@@ -56,6 +56,10 @@ from typing import Any
 #: left 10 % of the good pairs unused after 300 s, and the bandit was 1.10x the paper's strategy there; with 3,
 #: 1.19x, and a drifted pair was used in a median 11.5 s instead of 16.)
 PRIOR_WEIGHT = 3.0
+#: Pages per second of node time no pair reaches (a page costs more than a microsecond of a slot): the bound of a
+#: pace read from sums whose seconds are near 0 (an entry written by hand, a run timed at 0), which would
+#: otherwise make the prior's pace infinite and its draws a division by zero.
+PACE_MAX = 1e6
 #: A run this many binomial standard deviations off the pair's share, over at least CHANGE_PAGES pages attempted,
 #: is a change point: the sums restart from it instead of averaging it in.
 CHANGE_Z = 3.0
