@@ -623,8 +623,12 @@ class BanditAllocation(Allocation):
                 hit = changes[id(sums)] = (sums, max((s_.cp for s_ in sums.values()), default=0.0))
             return hit[1]
 
+        assert self.credit is not None
+        # No budget for a page, nothing granted: this tick explores only sites no candidate has data on (the budget
+        # refills after the matching), so drawing for the others would decide nothing (at a thousand nodes, most ticks).
+        broke = self.credit < 1 and self.granted < 1
         for order, st, cls in window:
-            if st.attempt > 0 and cls.top > 0:
+            if cls.top > 0 and (st.attempt > 0 or broke):
                 continue  # a subtask that failed already must not risk another recall on a pair being tried,
                 # unless no candidate is known to collect anything (it would wait for its patience, or forever)
             best = cls.top
@@ -790,10 +794,10 @@ class BanditAllocation(Allocation):
         for _, _, needed, st, nid, stale in explore:
             if st.id in assigned or free.get(nid, 0) <= 0 or self._in_flight((st.site, nid), now):
                 continue
-            sent = st.capped(self.explore_pages)
+            pages = min(st.page_limit, self.explore_pages)
             if not needed:
-                if self.credit >= sent.page_limit:
-                    self.credit -= sent.page_limit
+                if self.credit >= pages:
+                    self.credit -= pages
                 elif stale and self.granted >= 1:  # a pair re-opened as changed: what the changes found grant
                     self.granted -= 1
                 else:
@@ -802,7 +806,7 @@ class BanditAllocation(Allocation):
             self.explored += 1
             assigned.add(st.id)
             free[nid] -= 1
-            result.append((sent, nid))
+            result.append((st.capped(pages), nid))
         if assigned:  # the explored subtasks leave the exploit queues
             for cls in classes:
                 for q in cls.queues:
