@@ -12,6 +12,7 @@ from collections import defaultdict
 from typing import Any
 
 from .store import Store
+from .strategies.posterior import Sums
 
 NODE_COUNTS = ("moved_out", "moved_in", "modified", "recalled", "dead", "stale_finish")
 
@@ -29,6 +30,13 @@ def _num(value: Any, kind: type = float) -> Any:
         return kind(float(value)) if value is not None else None
     except (TypeError, ValueError):
         return None
+
+
+def _pace(est: dict[str, Any]) -> float | None:
+    """Pages attempted per second of node time in a pair's sums (the bandit's pace, before its prior): what the
+    bandit's allocation ranks the pair by, with the served share; None if the entry has no sums or no pace yet."""
+    sums = Sums.from_entry(est)
+    return None if sums is None else sums.pace
 
 
 def _object(raw: str | None) -> dict[str, Any]:
@@ -120,7 +128,7 @@ def collect_status(store: Store, node_timeout: float = 60.0, *, recall_threshold
             "completion": _num(est.get("c")), "ratio": collected / offered if offered else None,
             "runs": _count(h.get("runs")), "failures": _count(h.get("failures")), "offered": offered,
             "collected": collected, "pages": _count(h.get("pages")),
-            "seconds_per_page": _num(est.get("spp"))}
+            "seconds_per_page": _num(est.get("spp")), "pace": _pace(est)}
     spp: dict[str, dict[str, dict[str, float | None]]] = defaultdict(lambda: defaultdict(dict))
     for t in triples:
         group, site, node = t.rsplit("|", 2)

@@ -261,6 +261,7 @@ def test_collect_status(store: Store) -> None:
     assert row["completion"] == pytest.approx(0.8) and row["ratio"] == pytest.approx(0.8)
     assert (row["runs"], row["failures"], row["offered"], row["collected"], row["pages"]) == (1, 0, 10, 8, 2)
     assert row["seconds_per_page"] == pytest.approx(2.0)
+    assert row["pace"] == pytest.approx(0.5)  # the sums' 2 pages over 4 s (no node time in the report)
     assert status["seconds_per_page"] == {"milk": {"a.com": {"n1": pytest.approx(2.0)}}}
     assert status["products"] == {"milk": {"tasks": 4, "done": 0, "collected": 8, "pages": 2}}
     assert status["cluster"] == {"tasks": 4}

@@ -662,8 +662,9 @@ class Simulation:
         if self.pair_samples:
             for key, (o, c, r, p) in self.pairs.items():
                 nid, site = key.split("|", 1)
-                e = est.get(site, {}).get(nid)
-                pairs[key] = [int(o), int(c), int(r), int(p), None if e is None else e.c]
+                e, sums = est.get(site, {}).get(nid), self.estimates.site_sums(site).get(nid)
+                pairs[key] = [int(o), int(c), int(r), int(p), None if e is None else e.c,
+                              None if sums is None else sums.pace]
         s = {"t": round(min(self.now, self.duration), 2), "items": self.unique, "waiting": len(self.subtasks),
              "tasks": self.tasks_made, "tasks_done": self.tasks_done,
              "pairs": pairs}

@@ -73,7 +73,7 @@ from ..config import config_for
 from ..models import Subtask
 from . import Allocation, Estimates, NodeView
 from .allocation import NOBODY, Rankings, _Class, _Ranking, _Site, _Typed, greedy
-from .posterior import CHANGE_PAGES, PACE_MAX, PRIOR_WEIGHT, Posterior, Sums, draw_rate, expected_rate, expected_rates
+from .posterior import CHANGE_PAGES, PRIOR_WEIGHT, Posterior, Sums, draw_rate, expected_rate, expected_rates
 
 #: Subtasks a node may have waiting in its crawl queue before the exploit matching's second pass
 #: (:meth:`BanditAllocation._exploit`): enough to keep it busy until the next tick. One sent a site's work to a
@@ -419,10 +419,9 @@ class BanditAllocation(Allocation):
         18.7 s at the p90, 7.3 s with this prior)."""
         if not sums:
             return 0.5, 1.0
-        paced = [s for s in sums.values() if s.sec > 0 and s.pages - s.xp > 0]
-        sure = [s for s in paced if s.pages - s.xp >= PRIOR_WEIGHT] or paced
-        return (max((s.got + 0.5) / (s.pages + 1.0) for s in sums.values()),
-                min(PACE_MAX, max(((s.pages - s.xp) / s.sec for s in sure), default=1.0)))
+        paced = [(s.pages - s.xp, pace) for s in sums.values() if (pace := s.pace) is not None]
+        sure = [pace for pages, pace in paced if pages >= PRIOR_WEIGHT] or [pace for _, pace in paced]
+        return max((s.got + 0.5) / (s.pages + 1.0) for s in sums.values()), max(sure, default=1.0)
 
     def _site_posteriors(self, sums: Mapping[str, Sums], now: float) -> tuple[dict[str, Posterior], Posterior]:
         """Node -> posterior on a site from the site's sums, and the prior of an untried node there."""

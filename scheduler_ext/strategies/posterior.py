@@ -108,6 +108,18 @@ class Sums:
     xp: float = 0.0
     bl: float = 0.0
 
+    @property
+    def pace(self) -> float | None:
+        """Pages attempted per second of node time, the pace's evidence without its prior (at most
+        :data:`PACE_MAX`); None before any.
+
+        >>> Sums(pages=6, xp=1, sec=0.1).pace, Sums(pages=3, xp=3).pace, Sums(pages=5, sec=1e-320).pace
+        (50.0, None, 1000000.0)
+        """
+        if self.sec <= 0 or self.pages <= self.xp:
+            return None
+        return min(PACE_MAX, (self.pages - self.xp) / self.sec)
+
     @classmethod
     def from_entry(cls, entry: dict[str, Any]) -> Sums | None:
         """The sums of an estimate entry (``est:site`` / ``est:gs`` field JSON); None if it has none yet, or if a
