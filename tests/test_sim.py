@@ -181,7 +181,9 @@ def test_a_simulation_is_reproducible_and_samples_like_a_real_run() -> None:
     last = a["samples"][-1]
     assert last["t"] == 60 and last["items"] == sum(a["items_by_node"].values()) > 0
     pair = next(iter(last["pairs"].values()))
-    assert len(pair) == 5 and pair[0] >= pair[1] >= 0  # offered, collected, runs, pages, estimate
+    assert len(pair) == 6 and pair[0] >= pair[1] >= 0  # offered, collected, runs, pages, estimate, pace
+    assert all(p[5] is None or p[5] > 0 for p in last["pairs"].values())
+    assert any(p[5] is not None for p in last["pairs"].values())
 
 
 def _prefetches(heartbeat: float) -> tuple[set[int], int]:
