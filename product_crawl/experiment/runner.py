@@ -441,7 +441,7 @@ def _sample(cluster: LocalCluster, t: float) -> tuple[dict[str, Any], dict[str, 
     for site, per_node in status["completion"].items():
         for node, c in per_node.items():
             pairs[f"{node}|{site}"] = [c["offered"], c["collected"], c["runs"], c["pages"], c["completion"],
-                                       c.get("pace")]
+                                       c["pace"]]
     products = status["products"]
     # The estimated count is the collection's metadata (instant); an exact count scans it, and a scan every few
     # seconds would load the shared MongoDB server with work the nodes' writes are waiting for.

@@ -156,7 +156,7 @@ def summarize_run(raw: dict[str, Any], opts: Options, corpus_total: int, suited:
                                           if s["pairs"].get(f"{n}|{site}", [None] * 5)[4] is not None]
                                    for site in opts.sites if (n, site) in pairs} for n in node_ids},
         "final_completion": {n: {site: {"offered": v[0], "collected": v[1], "runs": v[2], "pages": v[3],
-                                        "estimate": v[4], "pace": v[5] if len(v) > 5 else None}
+                                        "estimate": v[4], "pace": v[5]}
                                  for site in opts.sites if (v := final["pairs"].get(f"{n}|{site}"))}
                              for n in node_ids},
     }
