@@ -6,7 +6,7 @@ benchmarks/results/bench_ceiling.json.
 The best possible of an experiment (``scheduler_ext/sim/bound.py``) assigns, phase by phase, each node to one site;
 it charges no per-request time but the profile's latency, and on the ``paper`` profile its machine row no longer
 binds: it is each node's 8 page slots at its best site's latency. This benchmark runs that schedule with no
-scheduling at all: one plain Scrapy process per node (``bench_node.PlainSearchSpider``: every page a start request,
+scheduling at all: one plain Scrapy process per node (``scrapy crawl plain_search``: every page a start request,
 the project's parser, ``MongoPipeline`` into a private nx-27017), bound to the node's loopback address, crawling
 every result page of the experiment's products on the site the bound assigned it (page-major), against the same
 simulated web, for ``--duration`` seconds from its first page served. Its unique items over the best possible
@@ -33,14 +33,12 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from bench_machine import plain_crawler, plain_env, served, web_counters  # noqa: E402
-from bench_node import stop  # noqa: E402
 
 from product_crawl import services  # noqa: E402
 from product_crawl.engines.baidu import BaiduEngine  # noqa: E402
 from product_crawl.experiment import runner, sim  # noqa: E402
+from product_crawl.experiment.machine import plain_crawler, plain_env, served, stop, web_counters  # noqa: E402
 from product_crawl.simweb import SimWebProcess  # noqa: E402
 from product_crawl.tasks import keywords_for  # noqa: E402
 

@@ -5,8 +5,8 @@ docs/benchmarks.md explains it.
 
 Three sides, each one process bound to 127.0.0.2, each with default Scrapy concurrency and no tuning:
 
-a. **plain Scrapy**: a ``scrapy.Spider`` (``PlainSearchSpider`` below, run with ``scrapy runspider``) whose start
-   requests are every result page of the workload, parsed by the same engine into the same items;
+a. **plain Scrapy**: ``scrapy crawl plain_search`` (product_crawl/spiders/plain_search.py), a ``scrapy.Spider``
+   whose start requests are every result page of the workload, parsed by the same engine into the same items;
 b. **scrapy-redis**: one ``scrapy crawl redis_search`` node (``RedisSpider``, scrapy-redis's scheduler, queue and
    dupefilter, JSON serializer), its start-URL list fed the same page URLs;
 c. **ours**: one ``scrapy crawl search`` node and one ``scrapy crawl control``, both at default settings, given the
@@ -40,22 +40,15 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from scrapy import Request, Spider  # noqa: E402
-
 from product_crawl import services  # noqa: E402
-from product_crawl.engines.baidu import BaiduEngine  # noqa: E402
+from product_crawl.experiment.machine import PRODUCTS, SCRAPY, SITES, cpu_seconds, page_entries, stop  # noqa: E402
 from product_crawl.simweb import SimWebProcess  # noqa: E402
-from product_crawl.spiders.redis_search import ResultPages  # noqa: E402
 from product_crawl.tasks import parse_virtual_task  # noqa: E402
 
 ADDRESS = "127.0.0.2"
-PRODUCTS = ("光明高钙牛奶", "特仑苏", "蒙牛早餐奶", "雀巢中老年奶粉",
-            "伊利纯牛奶", "三元酸奶", "君乐宝奶粉", "飞鹤奶粉")
-SITES = ("12315.com", "315tousu.org", "t.163.com", "cca.org.cn", "weibo.com")
 PAGES = 120  # result pages per query fed to (a) and (b): more than any side crawls in the window
 SIDES = ("plain", "scrapy_redis", "ours")
 RESULTS = ROOT / "benchmarks" / "results" / "bench_node.json"
-SCRAPY = str(Path(sys.executable).parent / "scrapy")
 
 
 def fast_profile() -> dict[str, Any]:
@@ -83,31 +76,6 @@ def paper_profile() -> dict[str, Any]:
     return dict(raw)
 
 
-def workload() -> list[tuple[str, list[str], str]]:
-    """(product, search words, site) of every query."""
-    return [(p, parse_virtual_task({"name": p}).words(), s) for p in PRODUCTS for s in SITES]
-
-
-def page_entries(base_url: str) -> list[dict[str, Any]]:
-    """Every page of every query, page-major (what a user would feed a crawler), with the product in meta."""
-    engine = BaiduEngine(base_url)
-    queries = workload()
-    return [{"url": engine.page_url(words, site, page), "meta": {"product": product, "page": page}}
-            for page in range(PAGES) for product, words, site in queries]
-
-
-class PlainSearchSpider(ResultPages, Spider):
-    """Side (a): every page as a start request, parsed like side (b) (``scrapy runspider`` this file)."""
-
-    name = "plain_search"
-    custom_settings = {"ITEM_PIPELINES": {"product_crawl.pipelines.MongoPipeline": 300}, "RETRY_ENABLED": False,
-                       "REDIRECT_ENABLED": False, "COOKIES_ENABLED": False, "TELNETCONSOLE_ENABLED": False}
-
-    async def start(self) -> Any:
-        for entry in json.loads(Path(self.settings.get("BENCH_PAGES")).read_text()):
-            yield Request(entry["url"], meta=entry["meta"], dont_filter=True)
-
-
 # --- running one side --------------------------------------------------------------------------------------
 
 
@@ -121,32 +89,10 @@ def _status_kb(pid: int, field: str) -> int:
     return 0
 
 
-def _cpu_seconds(pid: int) -> float:
-    """User + system CPU time of a process so far (``/proc/<pid>/stat`` fields 14 and 15)."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def _served(web_url: str) -> int:
     with urllib.request.urlopen(f"{web_url}/_counters", timeout=5) as r:
         counters = json.loads(r.read())
     return int(counters.get("by_address", {}).get(ADDRESS, {}).get("requests", 0))
-
-
-def stop(procs: list[subprocess.Popen[bytes]]) -> None:
-    """Stop crawl processes as a user would (SIGINT: Scrapy closes the spider), killing any still up after 20 s."""
-    for p in procs:
-        if p.poll() is None:
-            p.send_signal(signal.SIGINT)
-    for p in procs:
-        try:
-            p.wait(20)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait()
 
 
 def run_side(side: str, profile: Path, seconds: float, *, redis_url: str, mongo_uri: str, tmp: Path,
@@ -172,12 +118,12 @@ def run_side(side: str, profile: Path, seconds: float, *, redis_url: str, mongo_
             common = ["-s", f"PC_ENGINE_BASE_URLS={json.dumps({'baidu': web.url, 'weibo': web.url})}"]
             if side == "plain":
                 pages = tmp / f"{n}-pages.json"
-                pages.write_text(json.dumps(page_entries(web.url), ensure_ascii=False))
-                node = spawn("node", [SCRAPY, "runspider", __file__, *common, "-s", f"BENCH_PAGES={pages}",
+                pages.write_text(json.dumps(page_entries(web.url, PAGES), ensure_ascii=False))
+                node = spawn("node", [SCRAPY, "crawl", "plain_search", *common, "-s", f"PC_PLAIN_PAGES={pages}",
                                       "-s", f"DOWNLOAD_BIND_ADDRESS={ADDRESS}"])
             elif side == "scrapy_redis":
                 key = f"{prefix}:start_urls"
-                entries = page_entries(web.url)
+                entries = page_entries(web.url, PAGES)
                 for i in range(0, len(entries), 1000):
                     client.rpush(key, *[json.dumps(e, ensure_ascii=False) for e in entries[i:i + 1000]])
                 node = spawn("node", [SCRAPY, "crawl", "redis_search", *common, "-s", f"REDIS_START_URLS_KEY={key}",
@@ -199,9 +145,9 @@ def run_side(side: str, profile: Path, seconds: float, *, redis_url: str, mongo_
                 if time.monotonic() > deadline or any(p.poll() is not None for p in procs):
                     raise RuntimeError(f"{side} did not start; see {tmp}/{n}-*.log")
                 time.sleep(0.05)
-            t0, c0, cpu0 = time.monotonic(), _served(web.url), [_cpu_seconds(p.pid) for p in procs]
+            t0, c0, cpu0 = time.monotonic(), _served(web.url), [cpu_seconds(p.pid) for p in procs]
             time.sleep(seconds)
-            c1, t1, cpu1 = _served(web.url), time.monotonic(), [_cpu_seconds(p.pid) for p in procs]
+            c1, t1, cpu1 = _served(web.url), time.monotonic(), [cpu_seconds(p.pid) for p in procs]
             rss = _status_kb(node.pid, "VmHWM")
             control_rss = _status_kb(procs[1].pid, "VmHWM") if len(procs) > 1 else 0
     finally:

@@ -41,6 +41,9 @@ NODE_KEYS = {"address", "label", "items", "moved_out", "moved_in", "modified", "
     (["--duration", "5"], "--duration: expected at least 20 seconds"),
     (["--profile", "{bad}"], "default: missing required field"),
     (["--profile", "/nonexistent/profile.json"], "cannot read it"),
+    (["--machine-seconds", "-1"], "--machine-seconds: expected 0 (the recorded figures) .. 120 seconds"),
+    (["--machine-seconds", "nan"], "--machine-seconds: expected 0"),
+    (["--sim", "--machine-seconds", "5"], "with --sim (its nodes share no machine)"),
 ])
 def test_bad_input_is_refused_before_anything_starts(args: list[str], message: str, tmp_path: Path) -> None:
     bad = tmp_path / "bad.json"
@@ -179,8 +182,13 @@ def test_dynamic_beats_shared_on_a_heterogeneous_profile(scrapy_env: dict[str, s
                                       "dynamic_vs_best", "oracle_vs_best"}
     assert summary["ratios"]["dynamic_vs_oracle"] is None and summary["ratios"]["dynamic_vs_scrapy_redis"] is None
     assert summary["goals"]["dynamic_vs_scrapy_redis>=1.5"] is None and summary["goals"]["dynamic_vs_shared>=1.5"]
-    # The best possible bounds every configuration (docs/experiment.md, "vs best").
+    # The best possible bounds every configuration (docs/experiment.md, "vs best"), on the machine measured before
+    # the configurations: two windows of plain Scrapy in as many processes as nodes, a page dearer than an item.
     assert 0 < summary["ratios"]["dynamic_vs_best"] < 1 and summary["simulated"] is False
+    model = summary["best_possible"]["model"]
+    assert model["source"].startswith("measured before the configurations: plain Scrapy in 2 processes"), model
+    assert len(model["windows"]) == 2 and all(w["pages"] > 100 and w["node_cpu"] > 0 for w in model["windows"])
+    assert model["machine_page_cpu"] > model["machine_item_cpu"] > 0 and model["node_page_cpu"] > 0
     assert set(summary["gains"]["over_shared"]) == {"node1", "node2"}
     # The outcome: dynamic scheduling sends each site to the node it suits and collects clearly more.
     dynamic, shared = summary["runs"]["dynamic"], summary["runs"]["shared"]
@@ -205,3 +213,15 @@ def test_goal_lines_report_scrapy_redis_and_oracle_goals() -> None:
         "dynamic_vs_scrapy_redis>=1.5: NOT reached (dynamic / scrapy_redis = 1.40)",
         "dynamic_vs_oracle>=0.95: REACHED (dynamic / oracle = 0.96)",
         "dynamic_vs_best>=0.8: not measured (dynamic / best possible = 0.50, best possible 1000 unique items)"]
+
+
+def test_machine_costs_are_solved_from_two_windows_and_refused_when_they_cannot_be() -> None:
+    import doctest
+
+    from product_crawl.experiment import machine
+
+    result = doctest.testmod(machine)
+    assert result.attempted > 0 and result.failed == 0
+    same = {"pages": 100, "items": 500, "x_cpu": 1.0}
+    with pytest.raises(machine.MachineError, match="same items a page"):
+        machine.solve(same, {"pages": 200, "items": 1000, "x_cpu": 2.0}, ("x",))

@@ -71,6 +71,10 @@ class Command(ScrapyCommand):
         parser.add_argument("--sites", type=int, default=None, metavar="N",
                             help="with --profile generated:FAMILY: its number of sites (default 8; --nodes: its "
                                  "nodes, default 12)")
+        parser.add_argument("--machine-seconds", type=float, default=None, metavar="SECONDS",
+                            help="a real run: measure this machine (plain Scrapy, two windows of SECONDS) before "
+                                 "the configurations, for the best possible; 0 uses the recorded "
+                                 "benchmarks/results/bench_machine.json (default: 10)")
         parser.add_argument("--prefix", default="{exp}", help="Redis key prefix of the runs; default {exp}")
         parser.add_argument("--database", default="product_crawl_experiment",
                             help="MongoDB database of the runs; default product_crawl_experiment")
@@ -89,7 +93,7 @@ class Command(ScrapyCommand):
                                    ablations=opts.ablations, seed=opts.seed, out=opts.out, nodes=opts.nodes,
                                    overrides=parse_overrides(opts.overrides), prefix=opts.prefix,
                                    database=opts.database, sim=opts.sim, repeat=opts.repeat, products=opts.products,
-                                   sites=opts.sites)
+                                   sites=opts.sites, machine_seconds=opts.machine_seconds)
         except ExperimentError as exc:
             write_error(str(exc))
             self.exitcode = 2

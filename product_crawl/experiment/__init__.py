@@ -34,6 +34,7 @@ def run_experiment(opts: Options, *, redis_url: str = "", mongo_uri: str = "", p
     configuration ``opts.repeat`` times). Returns the summary and the report's path. The raw samples of each run
     (the first seed's, simulated) are kept in ``raw/<name>.json``.
     """
+    from product_crawl.experiment.machine import MachineError, measure
     from product_crawl.experiment.report import write_html, write_plots
     from product_crawl.experiment.sim import simulate_configuration
     from product_crawl.experiment.summary import summarize
@@ -43,6 +44,18 @@ def run_experiment(opts: Options, *, redis_url: str = "", mongo_uri: str = "", p
     totals = corpus_totals(opts.profile, opts.sites, opts.seed, opts.products)
     raws: dict[str, dict[str, Any]] = {}
     repeats: dict[str, list[int]] = {}
+    machine: dict[str, Any] | None = None
+    if not opts.sim and opts.machine_seconds > 0:
+        progress = progress or Progress()
+        progress.update(f"[machine] plain Scrapy in {len(opts.nodes)} processes, 2 windows of "
+                        f"{opts.machine_seconds:g} s")
+        try:
+            costs, windows = measure(opts.machine_seconds, len(opts.nodes), opts.out)
+        except MachineError as exc:
+            raise ExperimentError(f"measuring the machine (--machine-seconds {opts.machine_seconds:g}): {exc}") from exc
+        machine = {"costs": costs, "windows": windows}
+        progress.done(f"[machine] a page {1000 * costs.page_cpu:.2f} ms, an item {1000 * costs.item_cpu:.3f} ms of "
+                      f"CPU (a crawler {1000 * costs.node_page_cpu:.2f} / {1000 * costs.node_item_cpu:.3f} ms)")
     for i, name in enumerate(opts.configurations, 1):
         label = f"{name} {i}/{len(opts.configurations)}"
         if opts.sim:
@@ -56,7 +69,7 @@ def run_experiment(opts: Options, *, redis_url: str = "", mongo_uri: str = "", p
                                     label=label)
         raws[name] = raw
         (opts.out / "raw" / f"{name}.json").write_text(json.dumps(raw, ensure_ascii=False), encoding="utf-8")
-    summary = summarize(raws, opts, totals, repeats)
+    summary = summarize(raws, opts, totals, repeats, machine)
     (opts.out / "summary.json").write_text(json.dumps(summary, ensure_ascii=False, indent=1), encoding="utf-8")
     images = write_plots(summary, opts.out)
     return summary, write_html(summary, opts.out, images)

@@ -93,6 +93,8 @@ PRODUCTS: tuple[dict[str, str], ...] = (
 )
 
 MIN_DURATION = 20.0  # seconds; below this the nodes barely start, and no estimate rests on data
+MACHINE_SECONDS = 10.0  # each of the two windows measuring the machine (product_crawl.experiment.machine)
+MAX_MACHINE_SECONDS = 120.0
 STARTUP_TIMEOUT = 90.0  # seconds the nodes get to start and heartbeat (Scrapy start-up on a busy 2-core box)
 WINDOW = 10.0  # seconds over which the measured completion of Figure 4 is computed
 
@@ -120,6 +122,9 @@ class Options:
     sim: bool = False  # run on the cluster simulator (scheduler_ext.sim) instead of real processes
     repeat: int = 1  # simulated runs per configuration (seeds seed .. seed + repeat - 1), for ratio distributions
     products: tuple[dict[str, str], ...] = PRODUCTS  # searched on every site (more than the paper's four: --sim)
+    # A real run: seconds of each window measuring the machine before the configurations (0: the recorded figures
+    # of benchmarks/results/bench_machine.json); docs/experiment.md, "vs best".
+    machine_seconds: float = 0.0
 
 
 def parse_configurations(spec: str, ablations: bool = False) -> list[str]:
@@ -230,10 +235,12 @@ def make_options(*, profile: str = "paper", duration: float = 90.0, strategies: 
                  ablations: bool = False, seed: int = 0, out: Path | None = None, nodes: int | None = None,
                  overrides: dict[str, Any] | None = None, sample_interval: float | None = None,
                  prefix: str = "{exp}", database: str = "product_crawl_experiment", sim: bool = False,
-                 repeat: int = 1, products: int | None = None, sites: int | None = None) -> Options:
+                 repeat: int = 1, products: int | None = None, sites: int | None = None,
+                 machine_seconds: float | None = None) -> Options:
     """Validate everything a run needs, before anything starts; raises :class:`ExperimentError` if bad.
 
-    ``sample_interval`` defaults to 3 s, or to 1/100 of a longer simulated run (``duration / 100``)."""
+    ``sample_interval`` defaults to 3 s, or to 1/100 of a longer simulated run (``duration / 100``);
+    ``machine_seconds`` to :data:`MACHINE_SECONDS` for a real run (the simulator shares no machine)."""
     configurations = parse_configurations(strategies, ablations)
     if not duration >= MIN_DURATION:  # also refuses NaN
         raise ExperimentError(f"--duration: expected at least {MIN_DURATION:.0f} seconds (shorter runs end before "
@@ -255,12 +262,19 @@ def make_options(*, profile: str = "paper", duration: float = 90.0, strategies: 
         raise ExperimentError(f"--repeat: expected 1, or more with --sim (simulated runs are cheap), got {repeat}")
     if not 0.5 <= sample_interval <= duration / 4:
         raise ExperimentError(f"sample interval: expected 0.5 .. {duration / 4:g} seconds, got {sample_interval:g}")
+    if machine_seconds is not None and (sim or not 0 <= machine_seconds <= MAX_MACHINE_SECONDS):
+        raise ExperimentError(f"--machine-seconds: expected 0 (the recorded figures) .. {MAX_MACHINE_SECONDS:g} "
+                              f"seconds for a real run, got {machine_seconds:g}"
+                              f"{' with --sim (its nodes share no machine)' if sim else ''}")
+    if machine_seconds is None:
+        machine_seconds = 0.0 if sim else MACHINE_SECONDS
     when = time.strftime("%Y%m%d-%H%M%S")
     return Options(profile_spec=profile, profile=loaded, duration=float(duration), configurations=configurations,
                    seed=seed, out=out or Path("var/experiment") / when, nodes=experiment_nodes(loaded, nodes),
                    sites=site_list, overrides=dict(overrides or {}), sample_interval=sample_interval, prefix=prefix,
                    database=database, sim=sim, repeat=repeat,
-                   products=PRODUCTS if products is None else products_for(products))
+                   products=PRODUCTS if products is None else products_for(products),
+                   machine_seconds=float(machine_seconds))
 
 
 def virtual_tasks(sites: Sequence[str]) -> list[dict[str, Any]]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import bisect
 import ipaddress
+import os
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -169,27 +170,41 @@ def simulate_configuration(name: str, opts: Options, *, model: NodeModel | None 
     return {"name": name, "settings": settings, **raw, "truth_corpus": [], "simulated": True}
 
 
-def best_possible(opts: Options, totals: dict[str, dict[str, int]], *, assignments: bool = False) -> dict[str, Any]:
+def best_possible(opts: Options, totals: dict[str, dict[str, int]], *, assignments: bool = False,
+                  machine: dict[str, Any] | None = None) -> dict[str, Any]:
     """The best possible unique items of a run of ``opts`` (:func:`scheduler_ext.sim.bound.best_possible`): the
     profile's true rates over time, the experiment's nodes and tasks. A real run's nodes, web and MongoDB share this
-    machine (:data:`~scheduler_ext.sim.bound.MACHINE`: the CPU the cheapest crawler needs here, measured); a
-    simulated run's nodes have the simulator's own machinery (:class:`~scheduler_ext.sim.NodeModel`, each node its
-    CPU), which at a handful of nodes is below the machine's bound and at a thousand far above it (a shared
-    2-core row would then be beaten by the simulation it bounds). ``assignments``: keep the best schedule's site of
-    each node, phase by phase (``benchmarks/bench_ceiling.py`` crawls it)."""
+    machine: its cores and the CPU the cheapest crawler needs here, ``machine`` if measured before the run
+    (:func:`product_crawl.experiment.machine.measure`: ``{"costs": Costs, "windows": [...]}``), else the recorded
+    :data:`~scheduler_ext.sim.bound.MACHINE`; a simulated run's nodes have the simulator's own machinery
+    (:class:`~scheduler_ext.sim.NodeModel`, each node its CPU), which at a handful of nodes is below the machine's
+    bound and at a thousand far above it (a shared 2-core row would then be beaten by the simulation it bounds).
+    ``assignments``: keep the best schedule's site of each node, phase by phase (``benchmarks/bench_ceiling.py``
+    crawls it)."""
     world = profile_world(opts)
     nodes = [SimNode(n.id, tuple(int(t) for t in str(n.types).split(",")), address=n.address) for n in opts.nodes]
     work = {site: SiteWork(0, sum(1 for p in totals if site in totals[p]),
                            sum(totals[p].get(site, 0) for p in totals)) for site in opts.sites}
-    model, machine = (NodeModel(), None) if opts.sim else (bound_module.MACHINE_NODE, bound_module.MACHINE)
+    source = "benchmarks/results/bench_machine.json"
+    if opts.sim:
+        model, shared = NodeModel(), None
+    elif machine is None:
+        model, shared = bound_module.MACHINE_NODE, bound_module.MACHINE
+    else:
+        costs = machine["costs"]
+        model = NodeModel(page_cpu=costs.node_page_cpu, item_cpu=costs.node_item_cpu)
+        shared = bound_module.Machine(cores=float(os.cpu_count() or 1), page_cpu=costs.page_cpu,
+                                      item_cpu=costs.item_cpu)
+        source = (f"measured before the configurations: plain Scrapy in {len(opts.nodes)} processes, 2 windows of "
+                  f"{opts.machine_seconds:g} s")
     model = model.with_settings(Settings({**CLUSTER_SETTINGS, **opts.overrides}))  # the nodes' concurrency and delay
-    bound = bound_module.best_possible(world, nodes, work, opts.duration, model, machine)
+    bound = bound_module.best_possible(world, nodes, work, opts.duration, model, shared)
     if not assignments:
         bound.pop("assignments")
     nodes_model = {"concurrency": model.concurrency, "delay": model.delay, "node_page_cpu": model.page_cpu,
                    "node_item_cpu": model.item_cpu}
-    if machine is None:
+    if shared is None:
         return {**bound, "model": {**nodes_model, "source": "the simulator's NodeModel, a machine per node"}}
-    return {**bound, "model": {**nodes_model, "cores": machine.cores, "machine_page_cpu": machine.page_cpu,
-                               "machine_item_cpu": machine.item_cpu,
-                               "source": "benchmarks/results/bench_machine.json"}}
+    return {**bound, "model": {**nodes_model, "cores": shared.cores, "machine_page_cpu": shared.page_cpu,
+                               "machine_item_cpu": shared.item_cpu, "source": source,
+                               **({"windows": machine["windows"]} if machine else {})}}

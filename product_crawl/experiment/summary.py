@@ -210,14 +210,15 @@ def distribution(repeats: dict[str, list[int]], best: int) -> dict[str, Any]:
 
 
 def summarize(raws: dict[str, dict[str, Any]], opts: Options, totals: dict[str, dict[str, int]],
-              repeats: dict[str, list[int]] | None = None) -> dict[str, Any]:
-    """The whole ``summary.json`` object (``repeats``: unique items per simulated seed, per configuration)."""
+              repeats: dict[str, list[int]] | None = None, machine: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The whole ``summary.json`` object (``repeats``: unique items per simulated seed, per configuration;
+    ``machine``: the machine measured before a real run's configurations, see :func:`.sim.best_possible`)."""
     from product_crawl.experiment.sim import best_possible
 
     corpus_total = sum(v for per_site in totals.values() for v in per_site.values())
     suited = Suited(opts.profile, opts.sites)
     runs = {name: summarize_run(raw, opts, corpus_total, suited) for name, raw in raws.items()}
-    best = best_possible(opts, totals)
+    best = best_possible(opts, totals, machine=machine)
     for run in runs.values():
         run["vs_best"] = _ratio(run["unique_items"], best["items"])
     items = {name: r["unique_items"] for name, r in runs.items()}

@@ -50,7 +50,8 @@ REDIS_NODE_SETTINGS: dict[str, Any] = {
 class ResultPages:
     """Parsing of a result page without subtasks: the page's query (words, site) from its URL, the product from
     ``meta["product"]``, the same items as the search node's; with ``meta["follow"]`` on a query's first page, every
-    other page of the query. Shared by this spider and the plain Scrapy spider of benchmarks/bench_node.py."""
+    other page of the query. Shared by this spider and the plain Scrapy spider
+    (:mod:`product_crawl.spiders.plain_search`)."""
 
     settings: Any
     crawler: Any
