@@ -31,6 +31,7 @@ class Command(ScrapyCommand):
 
     def syntax(self) -> str:
         return ("[--profile paper|FILE] [--duration SECONDS] [--strategies LIST] [--ablations] [--seed N] [--out DIR] "
+                "[--machine-seconds SECONDS] "
                 "[--sim [--repeat N] [--products N] [--profile generated:FAMILY [--sites N]]]")
 
     def short_desc(self) -> str:

@@ -34,7 +34,7 @@ def run_experiment(opts: Options, *, redis_url: str = "", mongo_uri: str = "", p
     configuration ``opts.repeat`` times). Returns the summary and the report's path. The raw samples of each run
     (the first seed's, simulated) are kept in ``raw/<name>.json``.
     """
-    from product_crawl.experiment.machine import MachineError, measure
+    from product_crawl.experiment.machine import MachineError, machine_processes, measure
     from product_crawl.experiment.report import write_html, write_plots
     from product_crawl.experiment.sim import simulate_configuration
     from product_crawl.experiment.summary import summarize
@@ -47,10 +47,10 @@ def run_experiment(opts: Options, *, redis_url: str = "", mongo_uri: str = "", p
     machine: dict[str, Any] | None = None
     if not opts.sim and opts.machine_seconds > 0:
         progress = progress or Progress()
-        progress.update(f"[machine] plain Scrapy in {len(opts.nodes)} processes, 2 windows of "
-                        f"{opts.machine_seconds:g} s")
+        processes = machine_processes(len(opts.nodes))
+        progress.update(f"[machine] plain Scrapy in {processes} processes, 2 windows of {opts.machine_seconds:g} s")
         try:
-            costs, windows = measure(opts.machine_seconds, len(opts.nodes), opts.out)
+            costs, windows = measure(opts.machine_seconds, processes, opts.out)
         except MachineError as exc:
             raise ExperimentError(f"measuring the machine (--machine-seconds {opts.machine_seconds:g}): {exc}") from exc
         machine = {"costs": costs, "windows": windows}

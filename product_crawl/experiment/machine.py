@@ -47,6 +47,20 @@ PAGES = 400
 WARMUP_PAGES = 200
 
 
+#: Crawler processes measured at most: past the cores, more processes only take turns on them (and each costs its
+#: memory); a run of 40 nodes is measured with 8.
+MAX_PROCESSES = 8
+
+
+def machine_processes(nodes: int) -> int:
+    """The crawler processes that measure the machine of a run with ``nodes`` nodes.
+
+    >>> machine_processes(4), machine_processes(40)
+    (4, 8)
+    """
+    return max(1, min(nodes, MAX_PROCESSES))
+
+
 class MachineError(RuntimeError):
     """The cheapest crawler could not be run or measured."""
 

@@ -18,6 +18,7 @@ from typing import Any
 
 from scrapy.settings import Settings
 
+from product_crawl.experiment.machine import machine_processes
 from product_crawl.experiment.runner import (
     CLUSTER_SETTINGS,
     CONFIGURATIONS,
@@ -195,8 +196,8 @@ def best_possible(opts: Options, totals: dict[str, dict[str, int]], *, assignmen
         model = NodeModel(page_cpu=costs.node_page_cpu, item_cpu=costs.node_item_cpu)
         shared = bound_module.Machine(cores=float(os.cpu_count() or 1), page_cpu=costs.page_cpu,
                                       item_cpu=costs.item_cpu)
-        source = (f"measured before the configurations: plain Scrapy in {len(opts.nodes)} processes, 2 windows of "
-                  f"{opts.machine_seconds:g} s")
+        source = (f"measured before the configurations: plain Scrapy in {machine_processes(len(opts.nodes))} "
+                  f"processes, 2 windows of {opts.machine_seconds:g} s")
     model = model.with_settings(Settings({**CLUSTER_SETTINGS, **opts.overrides}))  # the nodes' concurrency and delay
     bound = bound_module.best_possible(world, nodes, work, opts.duration, model, shared)
     if not assignments:
