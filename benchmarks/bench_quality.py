@@ -9,9 +9,11 @@ For every family and seed (``--seeds`` of them from ``--seed-start``: a second s
 found on the first): one generated world, each configuration of scheduler_ext.sim.configs simulated on it
 (same tasks, same seed), and the bound (scheduler_ext.sim.bound). Reported per family: quantiles over seeds of
 items / best possible, bandit / paper, bandit / fifo, and for the families where pairs turn good, the delay from a
-pair turning good to its first run (only pairs that the best schedule uses once they are good), over all such pairs
-and over those at least :data:`CLEARLY` times as good as the node's best other site then (the bound picks one pair
-among near-ties; a node busy on a site as good loses nothing by finding the new pair later).
+pair turning good to its first run (only pairs that the best schedule uses once they are good: ``turned_good`` of
+scheduler_ext.sim.bound.best_possible), over all such pairs and over those at least
+:data:`scheduler_ext.sim.bound.CLEARLY` times as good as the node's best other site then (the bound picks one pair
+among near-ties; a node busy on a site as good loses nothing by finding the new pair later). ``scrapy experiment``
+reports the same for its runs (summary.json ``good_pairs``).
 
 ``--scale`` also times runs of 1,000 nodes x 200 sites x 10,000 products (``--scale-duration`` simulated seconds,
 default 600; ``86400`` runs the day itself), one per configuration of ``--scale-configs`` (default bandit,fifo): the
@@ -36,14 +38,10 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from scheduler_ext.sim import Simulation, TaskSpec  # noqa: E402
-from scheduler_ext.sim.bound import SiteWork, best_possible, node_rate  # noqa: E402
+from scheduler_ext.sim.bound import SiteWork, best_possible  # noqa: E402
 from scheduler_ext.sim.configs import CONFIGS  # noqa: E402
 from scheduler_ext.sim.engine import NodeModel  # noqa: E402
 from scheduler_ext.sim.families import FAMILIES, GeneratedWorld, generate  # noqa: E402
-
-#: A pair that turned good is "clearly better" for its node when its rate is at least this many times the node's
-#: best rate on another site at that moment (the simulator's node model).
-CLEARLY = 1.25
 
 
 def quantiles(values: list[float]) -> dict[str, float] | None:
@@ -69,17 +67,8 @@ def one_world(family: str, args: argparse.Namespace, seed: int) -> dict[str, Any
             for s in world.sites}
     best = best_possible(world, world.nodes, work, args.duration)
     bound = best["items"]
-    # The pairs that turn good *and* that the best schedule then uses: those a scheduler must find.
-    starts = [p[0] for p in best["phases"]]
-    needed = [(n, s, when) for n, s, when in world.turned_good()
-              if when in starts and best["assignments"][starts.index(when)].get(n) == s]
-    model = NodeModel()
-
-    def rate(n: str, s: str, when: float) -> float:
-        return node_rate(world.behaviour(n, s, when), model)
-
-    clear = [rate(n, s, when) >= CLEARLY * max((rate(n, o, when) for o in world.sites if o != s), default=0.0)
-             for n, s, when in needed]
+    needed = best["turned_good"]
+    clear = [c for _, _, _, c in needed]
     out: dict[str, Any] = {"bound": bound, "items": {}, "delays": {}, "clear": clear}
     for name, make in CONFIGS.items():
         allocation, modification, recall = make(seed)
@@ -87,7 +76,7 @@ def one_world(family: str, args: argparse.Namespace, seed: int) -> dict[str, Any
                          recall=recall, duration=args.duration, seed=seed, sample_interval=30).run()
         out["items"][name] = raw["samples"][-1]["items"]
         delays = []
-        for node, site, when in needed:
+        for node, site, when, _ in needed:
             starts = [t for t in raw["first_use"].get(f"{node}|{site}", []) if t >= when]
             delays.append(starts[0] - when if starts else args.duration - when)
         out["delays"][name] = delays

@@ -27,7 +27,7 @@ from product_crawl.experiment.runner import Progress
 from scheduler_ext.control import Decision, Entry, EstimateCache, Snapshot
 from scheduler_ext.keys import Keys
 from scheduler_ext.models import Report, Subtask, Task
-from scheduler_ext.sim import FREE_CONTROL, ControlModel, NodeModel, Simulation, TaskSpec
+from scheduler_ext.sim import FREE_CONTROL, Behaviour, ControlModel, NodeModel, SimNode, Simulation, TaskSpec
 from scheduler_ext.sim.bound import MACHINE, MACHINE_NODE, SiteWork, assign, best_possible, machine_assign
 from scheduler_ext.sim.configs import CONFIGS
 from scheduler_ext.sim.estimates import MemoryEstimates
@@ -496,6 +496,45 @@ def test_experiment_sim_writes_the_summary_and_report(tmp_path: Path) -> None:
     assert final["node2"]["t.163.com"]["pace"] > 20 > final["node2"]["weibo.com"]["pace"] > 0
     for name in ("report.html", "ratios.png", "fig4.png"):
         assert (out / name).stat().st_size > 1000
+    # No pair of the paper profile turns good (its drift at 40 s turns pairs bad): nothing to time.
+    assert summary["good_pairs"]["pairs"] == [] and set(summary["good_pairs"]["delays"]) == set(summary["runs"])
+
+
+class _TwoPhases:
+    """A world of two nodes and two sites: n0 suits a from the start; n1 suits nothing until 30 s, then b (clearly
+    its best); n0 also suits b from the start (a near-tie for b's work, which caps at one task)."""
+
+    def behaviour(self, node: str, site: str, t: float) -> Behaviour:
+        good = {("n0", "a"), ("n0", "b")} | ({("n1", "b")} if t >= 30 else set())
+        return Behaviour(0.95, 0.1) if (node, site) in good else Behaviour(0.1, 0.6, error_rate=0.2)
+
+    def changes(self) -> list[float]:
+        return [30.0]
+
+
+def test_the_bound_lists_the_pairs_that_turn_good_and_that_the_best_schedule_then_crawls() -> None:
+    work = {"a": SiteWork(0, 1, 10**6), "b": SiteWork(0, 1, 10**6)}
+    best = best_possible(_TwoPhases(), [SimNode("n0"), SimNode("n1")], work, 60.0)
+    assert best["assignments"] == [{"n0": "a", "n1": "b"}, {"n0": "a", "n1": "b"}]  # n1 on b at 0.1 share before
+    # n1|b turned good at 30 s and is clearly n1's best site; n0|a was good from the start (not listed).
+    assert best["turned_good"] == [("n1", "b", 30.0, True)]
+
+
+def test_good_pairs_are_timed_from_turning_good_to_first_use_in_real_and_simulated_runs() -> None:
+    from product_crawl.experiment.summary import first_use, good_pairs
+
+    pairs = [("n1", "b", 30.0, True), ("n0", "b", 30.0, False)]
+    simulated = {"first_use": {"n1|b": [1.0, 33.5, 40.0]}, "samples": [{"t": 0, "items": 0}]}
+    real = {"samples": [{"t": t, "pairs": {"n1|b": [0, 0, runs, 0, 0, 0]}} for t, runs in
+                        ((27, 1), (30, 1), (33, 1), (36, 2), (39, 3))]}
+    assert first_use(simulated, "n1", "b", 30.0) == 33.5
+    assert first_use(real, "n1", "b", 30.0) == 36.0  # the first sample after 30 s with a run more than at 30 s
+    assert first_use(real, "n0", "b", 30.0) is None
+    scrapy_redis = {"samples": [{"t": 3, "items": 10}]}  # no pairs kept: not timed
+    out = good_pairs({"dynamic": simulated, "other": real, "scrapy_redis": scrapy_redis}, pairs, 60.0)
+    assert out["delays"] == {"dynamic": [3.5, None], "other": [6.0, None]}
+    assert out["stats"]["other"]["clear"]["max"] == 6.0 and out["stats"]["other"]["never"] == 1
+    assert out["stats"]["other"]["all"]["max"] == 30.0  # never used: the rest of the run
 
 
 def test_experiment_sim_refuses_repeat_without_sim(tmp_path: Path) -> None:

@@ -194,6 +194,23 @@ def goal_lines(summary: dict[str, Any]) -> list[str]:
     return lines
 
 
+def good_pair_rows(summary: dict[str, Any], limit: int = 40) -> tuple[list[str], list[list[Any]]]:
+    """One row per pair the best schedule needs (node, site, since, then each configuration's delay; "never" if
+    it did not use it), the first ``limit``, then a row of quantiles per configuration."""
+    gp = summary.get("good_pairs") or {}
+    names = list(gp.get("delays", {}))
+    if not gp.get("pairs") or not names:
+        return [], []
+    rows: list[list[Any]] = [[n, s, f"{t:g}", "yes" if c else "no",
+                              *("never" if gp["delays"][x][i] is None else f"{gp['delays'][x][i]:g}" for x in names)]
+                             for i, (n, s, t, c) in enumerate(gp["pairs"][:limit])]
+    for group in ("all", "clear"):
+        for q in ("median", "p90", "max"):
+            rows.append([f"{q} ({group})", "", "", "", *(_num((gp["stats"][x][group] or {}).get(q), "{:.1f}")
+                                                         for x in names)])
+    return ["node", "site", "good from (s)", "clearly better", *names], rows
+
+
 def _listed(per_node: dict[str, float | None], fmt: str = "{:.2f}") -> str:
     """``node value, ...`` for up to MAX_LISTED nodes; past that, the rest as a count and their quantiles."""
     items = list(per_node.items())
@@ -309,6 +326,9 @@ def write_html(summary: dict[str, Any], out: Path, images: list[str]) -> Path:
                   + ("Simulated runs (scheduler_ext.sim)." if summary.get("simulated") else "Real processes."))
     dhead, drows = distribution_rows(summary)
     dist = f"<h2>Ratio distribution over simulated seeds</h2>{tab(dhead, drows)}" if drows else ""
+    ghead, grows = good_pair_rows(summary)
+    dist += (f"<h2>Pairs the best schedule needs: seconds from turning good to first use</h2>{tab(ghead, grows)}"
+             if grows else "")
     page = f"""<!DOCTYPE html>
 <html><head><meta charset="utf-8"><title>Experiment: {e(summary['profile']['name'])}</title>
 <style>body{{font-family:sans-serif;max-width:1300px;margin:1em auto}}table{{border-collapse:collapse;margin:1em 0}}

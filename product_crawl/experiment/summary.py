@@ -194,6 +194,45 @@ def quantiles(values: Sequence[float]) -> dict[str, float] | None:
     return {"min": v[0], "p10": at(0.1), "median": at(0.5), "p90": at(0.9), "max": v[-1], "n": len(v)}
 
 
+def first_use(raw: dict[str, Any], node: str, site: str, since: float) -> float | None:
+    """When a run first used the pair ``node|site`` at or after ``since``: a simulated run's first run start
+    (``first_use``); a real run's first sample in which the pair has finished more runs than at ``since`` (so up to
+    a sample interval and a run late: an upper bound). None if it never did."""
+    key = f"{node}|{site}"
+    if "first_use" in raw:
+        return next((t for t in raw["first_use"].get(key, []) if t >= since), None)
+    before = 0
+    for sample in raw.get("samples", []):
+        runs = sample.get("pairs", {}).get(key, [0, 0, 0])[2]
+        if sample["t"] <= since:
+            before = runs
+        elif runs > before:
+            return float(sample["t"])
+    return None
+
+
+def good_pairs(raws: dict[str, dict[str, Any]], pairs: list[tuple[str, str, float, bool]],
+               duration: float) -> dict[str, Any]:
+    """The pairs that turn good and the best schedule then crawls (``turned_good`` of
+    :func:`scheduler_ext.sim.bound.best_possible`: node, site, when, clearly better for its node) and, per
+    configuration, the seconds from each one's turning good to its first use (None: not in the run), with their
+    quantiles over all pairs and over the clearly better ones (a pair never used counts as the rest of the run).
+    Reported, not a goal: the best schedule picks one pair among near-ties, and on a profile with few tasks a site
+    (the paper's four products) it picks pairs even the oracle never uses."""
+    delays: dict[str, list[float | None]] = {}
+    stats: dict[str, Any] = {}
+    for name, raw in raws.items():
+        if not raw.get("first_use") and not any("pairs" in x for x in raw.get("samples", [])[:1]):
+            continue  # nothing kept per pair: scrapy-redis (no control), or a simulation too large to keep pairs
+        found = [first_use(raw, node, site, since) for node, site, since, _ in pairs]
+        delays[name] = [None if t is None else round(t - p[2], 2) for t, p in zip(found, pairs, strict=True)]
+        censored = [duration - p[2] if d is None else d for d, p in zip(delays[name], pairs, strict=True)]
+        stats[name] = {"all": quantiles(censored), "clear": quantiles([d for d, p in zip(censored, pairs,
+                                                                                          strict=True) if p[3]]),
+                       "never": sum(d is None for d in delays[name])}
+    return {"pairs": [list(p) for p in pairs], "delays": delays, "stats": stats}
+
+
 def distribution(repeats: dict[str, list[int]], best: int) -> dict[str, Any]:
     """Per configuration, over the simulated seeds: unique items, and ratios to the best possible and to
     ``shared`` and ``oracle`` of the same seed."""
@@ -219,6 +258,7 @@ def summarize(raws: dict[str, dict[str, Any]], opts: Options, totals: dict[str, 
     suited = Suited(opts.profile, opts.sites)
     runs = {name: summarize_run(raw, opts, corpus_total, suited) for name, raw in raws.items()}
     best = best_possible(opts, totals, machine=machine)
+    adoption = good_pairs(raws, best.pop("turned_good"), opts.duration)
     for run in runs.values():
         run["vs_best"] = _ratio(run["unique_items"], best["items"])
     items = {name: r["unique_items"] for name, r in runs.items()}
@@ -248,6 +288,7 @@ def summarize(raws: dict[str, dict[str, Any]], opts: Options, totals: dict[str, 
                    "dynamic_vs_oracle": vs_oracle, "dynamic_vs_best": vs_best,
                    "oracle_vs_best": _ratio(items.get("oracle"), best["items"])},
         "distribution": distribution(repeats, best["items"]) if repeats and opts.repeat > 1 else None,
+        "good_pairs": adoption,
         "goals": {
             f"dynamic_vs_shared>={GOAL_VS_SHARED}": None if vs_shared is None else vs_shared >= GOAL_VS_SHARED,
             f"dynamic_vs_scrapy_redis>={GOAL_VS_SCRAPY_REDIS}":

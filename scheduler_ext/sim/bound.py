@@ -52,6 +52,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from .engine import NodeModel, SimNode
 from .world import PAGE_SIZE, Behaviour, World
@@ -232,29 +233,52 @@ def phases(world: World, nodes: Sequence[SimNode], duration: float) -> list[tupl
     return list(zip(times, times[1:], strict=False))
 
 
+#: A pair *turns good* when the share of a page's results it is served (share x pages served) goes from below
+#: NOT_GOOD to at least GOOD (as :meth:`scheduler_ext.sim.families.GeneratedWorld.turned_good` says).
+NOT_GOOD, GOOD = 0.5, 0.8
+#: A pair that turned good is *clearly better* for its node when its rate is at least this many times the node's
+#: best rate on another site at that moment.
+CLEARLY = 1.25
+
+
+def _solve(rates: Mapping[str, Mapping[str, float]], cpu: Mapping[str, Mapping[str, float]] | None,
+           caps: Mapping[str, int], machine: Machine | None) -> tuple[float, dict[str, str]]:
+    if machine is None or cpu is None:
+        return assign(rates, caps)
+    value, chosen, _ = machine_assign(rates, cpu, caps, machine.cores)
+    return value, chosen
+
+
 def best_possible(world: World, nodes: Sequence[SimNode], work: Mapping[str, SiteWork], duration: float,
-                  model: NodeModel | None = None, machine: Machine | None = None) -> dict[str, object]:
-    """The bound: ``{"items", "phases": [[start, end, results per second], ...], "assignments": [{node: site}, ...]}``
-    (see the module doc); ``assignments`` gives, per phase, the site each node crawls in the best schedule (at the
-    multiplier of the machine's row that gave the bound). ``model``: the nodes' machinery (default: the simulator's
-    :class:`~scheduler_ext.sim.engine.NodeModel`); ``machine``: the machine they share, if they share one."""
+                  model: NodeModel | None = None, machine: Machine | None = None) -> dict[str, Any]:
+    """The bound: ``{"items", "phases": [[start, end, results per second], ...], "assignments": [{node: site}, ...],
+    "turned_good": [(node, site, when, clear), ...]}`` (see the module doc); ``assignments`` gives, per phase, the
+    site each node crawls in the best schedule (at the multiplier of the machine's row that gave the bound).
+    ``turned_good``: the pairs that turn good after the start (:data:`NOT_GOOD`, :data:`GOOD`) and that the best
+    schedule crawls from then on, the pairs a scheduler must find at the time it could first find them; ``clear``:
+    the pair is clearly better for its node (:data:`CLEARLY`). ``model``: the nodes' machinery (default: the
+    simulator's :class:`~scheduler_ext.sim.engine.NodeModel`); ``machine``: the machine they share, if they share
+    one."""
     model = model or NodeModel()
     total = 0.0
     out = []
     chosen_per_phase = []
+    found: list[tuple[str, str, float, bool]] = []
     caps = {s: w.tasks for s, w in work.items()}
     for a, b in phases(world, nodes, duration):
         live = [n for n in nodes if n.joins <= a < n.leaves]
         both = {n.id: {s: node_rates(world.behaviour(n.id, s, a), model, machine) for s, w in work.items()
                        if w.type in n.types and w.tasks > 0} for n in live}
         rates = {n: {s: rq[0] for s, rq in per.items() if rq[0] > 0} for n, per in both.items()}
-        if machine is None:
-            value, chosen = assign(rates, caps)
-        else:
-            cpu = {n: {s: rq[1] for s, rq in per.items()} for n, per in both.items()}
-            value, chosen, _ = machine_assign(rates, cpu, caps, machine.cores)
+        cpu = None if machine is None else {n: {s: rq[1] for s, rq in per.items()} for n, per in both.items()}
+        value, chosen = _solve(rates, cpu, caps, machine)
+        for node, site in chosen.items() if a > 0 else ():
+            before, after = world.behaviour(node, site, a - 1e-6), world.behaviour(node, site, a)
+            if before.share * before.served < NOT_GOOD and after.share * after.served >= GOOD:
+                elsewhere = max((r for s, r in rates[node].items() if s != site), default=0.0)
+                found.append((node, site, float(a), rates[node][site] >= CLEARLY * elsewhere))
         total += value * (b - a)
         out.append([a, b, round(value, 3)])
         chosen_per_phase.append(chosen)
     cap = sum(w.results for w in work.values())
-    return {"items": int(min(total, cap)), "phases": out, "assignments": chosen_per_phase}
+    return {"items": int(min(total, cap)), "phases": out, "assignments": chosen_per_phase, "turned_good": found}
