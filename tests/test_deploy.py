@@ -112,8 +112,9 @@ def test_cluster_deploy_up_status_down_on_scrapyd(cluster: LocalCluster, scrapyd
 
     deployed = run_scrapy(["cluster", "deploy"], env)
     assert deployed.returncode == 0, deployed.stderr
-    # three spiders: search, control and redis_search (the scrapy-redis peer of the experiment)
-    assert "deployed product_crawl version" in deployed.stdout and "3 spiders" in deployed.stdout
+    # four spiders: search, control, redis_search (the scrapy-redis peer of the experiment) and plain_search (the
+    # cheapest crawler, which measures the machine)
+    assert "deployed product_crawl version" in deployed.stdout and "4 spiders" in deployed.stdout
 
     cluster.start_simweb(FAST_PROFILE)
     # No recall within the test (the fixture's threshold is 4 s): the leased subtask below must go back to waiting
