@@ -225,3 +225,22 @@ def test_machine_costs_are_solved_from_two_windows_and_refused_when_they_cannot_
     same = {"pages": 100, "items": 500, "x_cpu": 1.0}
     with pytest.raises(machine.MachineError, match="same items a page"):
         machine.solve(same, {"pages": 200, "items": 1000, "x_cpu": 2.0}, ("x",))
+
+
+@pytest.mark.parametrize(("value", "message"), [
+    (None, "PC_PLAIN_PAGES: expected the path of a JSON list of result pages, got nothing"),
+    ("/nonexistent/pages.json", "PC_PLAIN_PAGES='/nonexistent/pages.json': expected a JSON list of result pages"),
+    ("{bad}", "expected a JSON list of {\"url\": str, \"meta\": {...}} entries"),
+])
+def test_the_plain_spider_names_a_bad_page_list_before_anything_opens(value: str | None, message: str,
+                                                                      tmp_path: Path) -> None:
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps([{"url": 1}]), encoding="utf-8")
+    args = ["crawl", "plain_search", "-s", "LOG_LEVEL=ERROR"]
+    if value is not None:
+        args += ["-s", f"PC_PLAIN_PAGES={str(bad) if value == '{bad}' else value}"]
+    env = {"PATH": "/usr/bin:/bin", "MONGO_URI": "mongodb://127.0.0.1:1", "PC_MONGO_TIMEOUT": "1"}
+    result = run_scrapy(args, env=env, timeout=60)
+    assert result.returncode != 0
+    assert message in result.stderr
+    assert "ServerSelectionTimeoutError" not in result.stderr  # the list is read before the storage is opened

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -142,8 +143,6 @@ def plain_crawler(web_url: str, entries: list[dict[str, Any]], pages: Path, addr
 
 def stop(procs: list[subprocess.Popen[bytes]]) -> None:
     """Stop crawl processes as a user would (SIGINT: Scrapy closes the spider), killing any still up after 20 s."""
-    import signal
-
     for p in procs:
         if p.poll() is None:
             p.send_signal(signal.SIGINT)

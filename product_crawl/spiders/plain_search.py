@@ -25,13 +25,27 @@ class PlainSearchSpider(ResultPages, Spider):
     custom_settings = {"ITEM_PIPELINES": {"product_crawl.pipelines.MongoPipeline": 300}, "RETRY_ENABLED": False,
                        "REDIRECT_ENABLED": False, "COOKIES_ENABLED": False, "TELNETCONSOLE_ENABLED": False}
 
-    async def start(self) -> AsyncIterator[Any]:
-        path = self.settings.get("PC_PLAIN_PAGES")
+    entries: list[dict[str, Any]]
+
+    @classmethod
+    def from_crawler(cls, crawler: Any, *args: Any, **kwargs: Any) -> PlainSearchSpider:
+        """Reads ``PC_PLAIN_PAGES`` before anything opens, so that a missing or bad list is the error reported."""
+        spider = super().from_crawler(crawler, *args, **kwargs)
+        path = crawler.settings.get("PC_PLAIN_PAGES")
         if not path:
             raise NotConfigured("PC_PLAIN_PAGES: expected the path of a JSON list of result pages, got nothing")
         try:
             entries = json.loads(Path(path).read_text(encoding="utf-8"))
         except (OSError, ValueError) as exc:
             raise NotConfigured(f"PC_PLAIN_PAGES={path!r}: expected a JSON list of result pages ({exc})") from exc
-        for entry in entries:
+        if not isinstance(entries, list) or not all(
+                isinstance(e, dict) and isinstance(e.get("url"), str) and isinstance(e.get("meta"), dict)
+                for e in entries):
+            raise NotConfigured(f"PC_PLAIN_PAGES={path!r}: expected a JSON list of {{\"url\": str, \"meta\": "
+                                f"{{...}}}} entries")
+        spider.entries = entries
+        return spider  # type: ignore[no-any-return]
+
+    async def start(self) -> AsyncIterator[Any]:
+        for entry in self.entries:
             yield Request(entry["url"], meta=entry["meta"], dont_filter=True)

@@ -234,19 +234,11 @@ def phases(world: World, nodes: Sequence[SimNode], duration: float) -> list[tupl
 
 
 #: A pair *turns good* when the share of a page's results it is served (share x pages served) goes from below
-#: NOT_GOOD to at least GOOD (as :meth:`scheduler_ext.sim.families.GeneratedWorld.turned_good` says).
+#: NOT_GOOD to at least GOOD (also :meth:`scheduler_ext.sim.families.GeneratedWorld.turned_good`).
 NOT_GOOD, GOOD = 0.5, 0.8
 #: A pair that turned good is *clearly better* for its node when its rate is at least this many times the node's
 #: best rate on another site at that moment.
 CLEARLY = 1.25
-
-
-def _solve(rates: Mapping[str, Mapping[str, float]], cpu: Mapping[str, Mapping[str, float]] | None,
-           caps: Mapping[str, int], machine: Machine | None) -> tuple[float, dict[str, str]]:
-    if machine is None or cpu is None:
-        return assign(rates, caps)
-    value, chosen, _ = machine_assign(rates, cpu, caps, machine.cores)
-    return value, chosen
 
 
 def best_possible(world: World, nodes: Sequence[SimNode], work: Mapping[str, SiteWork], duration: float,
@@ -270,8 +262,11 @@ def best_possible(world: World, nodes: Sequence[SimNode], work: Mapping[str, Sit
         both = {n.id: {s: node_rates(world.behaviour(n.id, s, a), model, machine) for s, w in work.items()
                        if w.type in n.types and w.tasks > 0} for n in live}
         rates = {n: {s: rq[0] for s, rq in per.items() if rq[0] > 0} for n, per in both.items()}
-        cpu = None if machine is None else {n: {s: rq[1] for s, rq in per.items()} for n, per in both.items()}
-        value, chosen = _solve(rates, cpu, caps, machine)
+        if machine is None:
+            value, chosen = assign(rates, caps)
+        else:
+            cpu = {n: {s: rq[1] for s, rq in per.items()} for n, per in both.items()}
+            value, chosen, _ = machine_assign(rates, cpu, caps, machine.cores)
         for node, site in chosen.items() if a > 0 else ():
             before, after = world.behaviour(node, site, a - 1e-6), world.behaviour(node, site, a)
             if before.share * before.served < NOT_GOOD and after.share * after.served >= GOOD:

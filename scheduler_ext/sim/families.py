@@ -26,6 +26,7 @@ import math
 import random
 from dataclasses import dataclass, field
 
+from .bound import GOOD, NOT_GOOD
 from .engine import SimNode
 from .world import Behaviour
 
@@ -67,7 +68,7 @@ class GeneratedWorld:
         out = []
         for (n, s), steps in self.pairs.items():
             for (_, before), (t, after) in zip(steps, steps[1:], strict=False):
-                if after.share * after.served >= 0.8 and before.share * before.served < 0.5:
+                if after.share * after.served >= GOOD and before.share * before.served < NOT_GOOD:
                     out.append((n, s, t))
         return out
 
