@@ -73,7 +73,8 @@ def one_world(family: str, args: argparse.Namespace, seed: int) -> dict[str, Any
     for name, make in CONFIGS.items():
         allocation, modification, recall = make(seed)
         raw = Simulation(world, world.nodes, tasks(), allocation=allocation, modification=modification,
-                         recall=recall, duration=args.duration, seed=seed, sample_interval=30).run()
+                         recall=recall, duration=args.duration, seed=seed, sample_interval=30,
+                         lanes=args.lanes).run()
         out["items"][name] = raw["samples"][-1]["items"]
         delays = []
         for node, site, when, _ in needed:
@@ -150,6 +151,7 @@ def main() -> None:
     p.add_argument("--seeds", type=int, default=5)
     p.add_argument("--seed-start", type=int, default=0, help="the first seed: worlds --seed-start .. + --seeds - 1")
     p.add_argument("--families", default="all", help="comma-separated, 'all' or 'none'")
+    p.add_argument("--lanes", type=int, default=1, help="SCHEDEXT_TASK_LANES of the families' runs")
     p.add_argument("--scale", action="store_true")
     p.add_argument("--scale-duration", type=float, default=600.0)
     p.add_argument("--scale-configs", default="bandit,fifo", help=f"comma-separated, from {', '.join(CONFIGS)}")

@@ -124,6 +124,7 @@ class Config:
     # subtask defaults
     page_limit: int = 5
     time_limit: float = 30.0
+    task_lanes: int = 1
     # control
     control_enabled: bool = False
     control_id: str = ""
@@ -207,6 +208,7 @@ class Config:
             politeness_interval=_seconds(s, "SCHEDEXT_POLITENESS_INTERVAL"),
             page_limit=_number(s, "SCHEDEXT_PAGE_LIMIT", int, low=1),
             time_limit=_seconds(s, "SCHEDEXT_TIME_LIMIT"),
+            task_lanes=_number(s, "SCHEDEXT_TASK_LANES", int, low=1),
             control_enabled=_flag(s, "SCHEDEXT_CONTROL_ENABLED"),
             control_id=_text(s, "SCHEDEXT_CONTROL_ID") or host,
             tick_interval=_seconds(s, "SCHEDEXT_TICK_INTERVAL"),

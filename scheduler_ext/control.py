@@ -347,6 +347,7 @@ class Strategies:
     recall_age: float = 60.0
     max_entry_bytes: int = 1_000_000
     max_split: int = 1_000  # tasks one virtual task may become (one commit writes them all)
+    lanes: int = 1  # a task's subtasks out at once once its page count is known (SCHEDEXT_TASK_LANES)
     window: Callable[[int], int] = lambda free: 32 + 2 * free  # waiting subtasks offered to allocation
 
 
@@ -514,7 +515,7 @@ class _Decider:
             if not math.isfinite(priority):
                 raise InvalidInput(f"task spec {i}: priority {prio!r} is not a finite number")
             task = Task(id=tid, site=site, group=group, type=int(spec.get("type", 0)), priority=priority,
-                        payload=payload, page_limit=page_limit, time_limit=time_limit)
+                        payload=payload, next_page=page_limit, page_limit=page_limit, time_limit=time_limit)
             st = Subtask(id=sid, task=tid, site=site, group=group, type=task.type, priority=priority, first_page=0,
                          page_limit=page_limit, time_limit=time_limit, since=self.now, payload=payload)
             writes += [Write.hset(k.tasks, tid, task.to_json()), *self._waiting_writes(st),
@@ -534,7 +535,9 @@ class _Decider:
         return raw if raw is None or isinstance(raw, Task) else Task.from_json(raw)
 
     def _advance(self, report: Report, *, abandoned: bool = False) -> list[Write]:
-        """Writes that record ``report`` on its task and, if pages remain, queue the task's next subtask."""
+        """Writes that record ``report`` on its task, give the task back the pages its slice did not crawl and,
+        while pages remain, keep ``SCHEDEXT_TASK_LANES`` of the task's subtasks out (one until its page count is
+        known)."""
         k, st = self.k, report.subtask
         writes = [Write.hincrby(k.counters, "reports")]
         try:
@@ -545,14 +548,22 @@ class _Decider:
         if task is None or task.done:  # a subtask pushed by hand (no task record), or a finished task
             return writes
         task = replace(task, subtasks=task.subtasks + 1, collected=task.collected + report.collected,
-                       last_node=report.node)
+                       last_node=report.node, open=max(0, task.open - 1))
         if report.reported is not None:
             task.reported = report.reported
         if report.total_pages is not None:
             task.total_pages = report.total_pages
-        next_page = st.first_page + st.page_limit if abandoned else max(report.next_page, st.first_page)
-        task.next_page = max(task.next_page, next_page)
-        if report.exhausted or (task.total_pages is not None and task.next_page >= task.total_pages):
+        # The slice's crawl stopped at ``stop``: from there to its end (its rest included) the pages go back.
+        stop, end = (st.first_page + st.page_limit if abandoned else max(report.next_page, st.first_page)), st.end
+        if report.exhausted:  # the results end there
+            task.total_pages = stop if task.total_pages is None else min(task.total_pages, stop)
+        total = math.inf if task.total_pages is None else task.total_pages
+        hole = (stop, min(end, total))
+        task.next_page = max(task.next_page, end)
+        if stop < end and end >= task.next_page:  # the task's last slice so far: the task goes on from its stop
+            task.next_page, hole = stop, (stop, stop)
+        task.next_page = int(min(task.next_page, total))
+        if task.next_page >= total and task.open == 0 and hole[0] >= hole[1]:
             task.done = True
             writes += [Write.hincrby(k.progress, f"{task.group}|done"), Write.hincrby(k.counters, "tasks_done")]
         else:
@@ -566,15 +577,41 @@ class _Decider:
             if (pages, limit) != (task.page_limit, task.time_limit):
                 writes.append(Write.hincrby(k.node_counters(report.node), "modified"))
             task.page_limit, task.time_limit = pages, limit
-            if task.total_pages is not None:
-                pages = max(1, min(pages, task.total_pages - task.next_page))
-            nxt = Subtask(id=self.snap.ids.take(1)[0], task=task.id, site=task.site, group=task.group,
-                          type=task.type, priority=task.priority, first_page=task.next_page, page_limit=pages,
-                          time_limit=limit, prev_node=report.node, since=self.now, payload=task.payload)
-            writes += self._waiting_writes(nxt)
+            if hole[0] < hole[1]:  # pages before other subtasks' slices: a subtask of their own
+                writes += self._slice(task, hole[0], int(hole[1] - hole[0]), report.node)
+            lanes = self.strat.lanes if task.total_pages is not None else 1
+            while task.open < lanes and task.next_page < total:
+                first, task.next_page = task.next_page, int(min(task.next_page + pages, total))
+                writes += self._slice(task, first, task.next_page - first, report.node)
         self.tasks[task.id] = task
         writes.append(Write.hset(k.tasks, task.id, self._record(task)))
         return writes
+
+    def _slice(self, task: Task, first: int, pages: int, prev_node: str | None) -> list[Write]:
+        """Writes that put a new subtask of ``task`` (pages ``[first, first + pages)``) into waiting."""
+        task.open += 1
+        st = Subtask(id=self.snap.ids.take(1)[0], task=task.id, site=task.site, group=task.group, type=task.type,
+                     priority=task.priority, first_page=first, page_limit=pages,
+                     time_limit=task.time_limit or self.strat.time_limit, prev_node=prev_node, since=self.now,
+                     payload=task.payload)
+        return self._waiting_writes(st)
+
+    def _closed(self, task_id: str) -> list[Write]:
+        """Writes that count one subtask of a task as no longer out (dead-lettered): the task is done if nothing
+        else of it is out and no page is left to give."""
+        try:
+            task = self._task(task_id)
+        except InvalidInput:
+            return []
+        if task is None or task.done:
+            return []
+        task = self.tasks[task.id] = replace(task, open=max(0, task.open - 1))
+        writes = []
+        if task.open == 0 and task.total_pages is not None and task.next_page >= task.total_pages:
+            task.done = True
+            writes += [Write.hincrby(self.k.progress, f"{task.group}|done"),
+                       Write.hincrby(self.k.counters, "tasks_done")]
+        return [*writes, Write.hset(self.k.tasks, task.id, self._record(task))]
 
     # --- 3. recall ----------------------------------------------------------------------------------------------
     def _recall_writes(self, st: Subtask, node: str | None, reason: str, decision: RecallDecision) -> list[Write]:
@@ -584,10 +621,11 @@ class _Decider:
             return [self._dead_write(st.id, kind="subtask", reason=reason, attempts=st.attempt + 1,
                                      last_node=node, subtask=json.loads(st.to_json())),
                     Write.hdel(k.subtasks, st.id), Write.hincrby(k.node_counters(who), "dead"),
-                    Write.hincrby(k.node_counters(who), "recalled")]
+                    Write.hincrby(k.node_counters(who), "recalled"), *self._closed(st.task)]
         avoid = list(dict.fromkeys([*st.avoid, *([node] if node else [])]))[-3:]
+        # recalled whole: the pages an allocation took off it (its rest) come back with it
         again = replace(st, attempt=st.attempt + 1, avoid=avoid, node=None, prev_node=node or st.prev_node,
-                        since=self.now)
+                        since=self.now, page_limit=st.page_limit + st.rest, rest=0)
         return [*self._waiting_writes(again), Write.hincrby(k.node_counters(who), "recalled")]
 
     def _recall(self, kind: str, guards: list[Guard], st: Subtask, node: str | None, reason: str, *,
@@ -622,6 +660,8 @@ class _Decider:
                             subject=st.id, dead=1)
         decision = self.strat.recall.decide(st, report.node, report.reason, failed=True)
         end, resume = st.first_page + st.page_limit, self._resumed(report)
+        if st.rest:  # the pages after the slice were not crawled: the recalled part runs to its rest's end
+            resume = end
         if decision is RecallDecision.ABANDON:
             writes = self._advance(report, abandoned=True)
         elif decision is RecallDecision.REQUEUE and report.next_page < end and (st.first_page < report.next_page
@@ -773,7 +813,7 @@ class _Decider:
             st = given
             done.add(st.id)
             free[nid] -= 1
-            placed = replace(got, node=nid)
+            placed = replace(got, node=nid, rest=st.rest + st.page_limit - got.page_limit)
             raw = self._record(placed)
             writes = [Write.hset(k.subtasks, st.id, raw), Write.lpush(k.crawl(nid), raw),
                       Write.zadd(k.queued, self.now, st.id)]
@@ -854,7 +894,7 @@ class Control:
                  modification: Modification, recall: Recall, control_id: str | None = None,
                  page_limit: int = 5, time_limit: float = 30.0, batch: int = 500, leader_ttl: float = 10.0,
                  node_timeout: float | None = None, recall_age: float | None = None,
-                 max_entry_bytes: int = 1_000_000, max_split: int = 1_000) -> None:
+                 max_entry_bytes: int = 1_000_000, max_split: int = 1_000, lanes: int = 1) -> None:
         self.store, self.keys = store, store.keys
         self.splitter = splitter
         self.allocation, self.modification, self.recall = allocation, modification, recall
@@ -867,7 +907,7 @@ class Control:
         self.strategies = Strategies(allocation=allocation, modification=modification, recall=recall,
                                      splitter=splitter, page_limit=page_limit, time_limit=time_limit,
                                      recall_age=self.recall_age, max_entry_bytes=max_entry_bytes,
-                                     max_split=max_split)
+                                     max_split=max_split, lanes=lanes)
         self.estimates = EstimateCache(store)  # kept across ticks; only changed estimates are re-read
         self._window: dict[str, tuple[str | None, Subtask | None]] = {}  # last tick's window: id -> record, decoded
         self._slots: dict[str, int] = {}  # last tick's live nodes -> crawl-queue slots (what the next one asks)
@@ -891,7 +931,8 @@ class Control:
             recall=load_strategy(crawler, "SCHEDEXT_RECALL"),
             control_id=config.control_id, page_limit=config.page_limit, time_limit=config.time_limit,
             batch=config.tick_batch, leader_ttl=config.leader_ttl, node_timeout=config.node_timeout,
-            recall_age=config.recall_age, max_entry_bytes=config.max_entry_bytes, max_split=config.max_split)
+            recall_age=config.recall_age, max_entry_bytes=config.max_entry_bytes, max_split=config.max_split,
+            lanes=config.task_lanes)
 
     @classmethod
     def from_crawler(cls, crawler: Any) -> Control:

@@ -79,6 +79,9 @@ class Subtask:
     node: str | None = None
     since: float = 0.0  # Redis time it entered the waiting queue
     payload: dict[str, Any] = field(default_factory=dict)
+    # Pages after the slice that the control took off it when an allocation gave the node only its first pages
+    # (:meth:`capped`): the report gives them back to the task, which crawls them in another subtask.
+    rest: int = 0
 
     def to_json(self) -> str:
         return _dumps(_fields(self))
@@ -103,15 +106,21 @@ class Subtask:
             node=_require(obj, "node", str, what, optional=True),
             since=float(_require(obj, "since", (int, float), what, optional=True) or 0.0),
             payload=_require(obj, "payload", dict, what, optional=True) or {},
+            rest=_require(obj, "rest", int, what, optional=True, check=nonneg, expected="an integer >= 0") or 0,
         )
 
     @classmethod
     def from_json(cls, raw: str | bytes, what: str = "subtask") -> Subtask:
         return cls.from_dict(loads_object(raw, what), what)
 
+    @property
+    def end(self) -> int:
+        """The first page after the slice, its :attr:`rest` included: what the task gave this subtask."""
+        return self.first_page + self.page_limit + self.rest
+
     def capped(self, pages: float) -> Subtask:
         """This subtask with at most ``pages`` pages (itself if it has no more): the slice's first pages only. The
-        task's next subtask starts where the run ended (its report's ``next_page``), so nothing is skipped.
+        control keeps the pages it leaves out in :attr:`rest` when it places the subtask, so nothing is skipped.
 
         >>> st = Subtask("s1", "t1", "a.example", first_page=4, page_limit=5, time_limit=30.0)
         >>> st.capped(2).page_limit, st.capped(2).first_page, st.capped(9) is st
@@ -141,7 +150,11 @@ def resume_page(first_page: int, page_limit: int, done: Container[int]) -> int:
 
 @dataclass
 class Task:
-    """One query (one site, one engine): its pages are crawled one subtask at a time."""
+    """One query (one site, one engine): its pages are crawled in slices, one subtask each, at most
+    ``SCHEDEXT_TASK_LANES`` of them out at once (docs/control.md, "Reports").
+
+    ``next_page`` is the first page no subtask was given; ``open`` counts the task's subtasks out (waiting,
+    queued or crawling, recalled ones included)."""
 
     id: str
     site: str
@@ -158,6 +171,7 @@ class Task:
     last_node: str | None = None
     page_limit: int | None = None  # of the latest subtask
     time_limit: float | None = None
+    open: int = 1
 
     def to_json(self) -> str:
         return _dumps(_fields(self))
@@ -167,8 +181,11 @@ class Task:
         obj = loads_object(raw, "task")
         _require(obj, "id", str, "task", check=bool, expected="a non-empty string")
         _require(obj, "site", str, "task", check=bool, expected="a non-empty string")
+        counts = ("next_page", "open", "subtasks", "collected")  # null or absent: the default
+        for name in (*counts, "total_pages"):
+            _require(obj, name, int, "task", optional=True, check=lambda v: v >= 0, expected="an integer >= 0")
         known = set(cls.__dataclass_fields__)
-        return cls(**{k: v for k, v in obj.items() if k in known})
+        return cls(**{k: v for k, v in obj.items() if k in known and not (v is None and k in counts)})
 
 
 @dataclass

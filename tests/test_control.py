@@ -26,11 +26,11 @@ NODE_INFO = {"type": [0, 1], "prefetch": 1, "capacity": 1, "address": None}
 
 
 def make_control(store: Store, name: str = "c1", *, recall: Any = None, allocation: Any = None,
-                 modification: Any = None) -> Control:
+                 modification: Any = None, lanes: int = 1) -> Control:
     return Control(store, splitter=splitter, allocation=allocation or SharedAllocation(),
                    modification=modification or FixedModification(3, 20.0),
                    recall=recall or DynamicRecall(threshold=30, max_recalls=3), control_id=name, page_limit=3,
-                   time_limit=20.0, leader_ttl=5)
+                   time_limit=20.0, leader_ttl=5, lanes=lanes)
 
 
 @pytest.fixture
@@ -112,7 +112,8 @@ def test_report_modifies_and_queues_the_next_subtask_until_the_task_is_done(stor
     assert nxt.page_limit == 6  # full completion: twice the base page count
     assert store.redis.hget(k.node_counters("n1"), "modified") == "1"
     task = json.loads(store.redis.hget(k.tasks, st.task))
-    assert task["next_page"] == 3 and task["collected"] == 30 and task["total_pages"] == 20
+    # next_page: the first page no subtask was given (the new subtask's end); one subtask of the task is out
+    assert task["next_page"] == 9 and task["open"] == 1 and task["collected"] == 30 and task["total_pages"] == 20
     st2, token2, _ = take(store, "n1")
     assert finish(store, "n1", st2, token2, exhausted=True)
     control.tick()
@@ -413,3 +414,131 @@ def test_an_assignment_that_is_not_the_subtask_or_its_first_pages_is_refused(sto
     result = make_control(store, allocation=_Sends(forge)).tick()
     assert result.allocated == 0
     assert store.redis.llen(store.keys.crawl("n1")) == 0 and store.redis.zcard(store.keys.waiting) == 1
+
+
+# --- lanes: several subtasks of one task out at once ---------------------------------------------------------------
+
+
+def finish_at(store: Store, node: str, st: Subtask, token: str, stop: int, *, ok: bool = True,
+              total: int = 20) -> bool:
+    """Finish ``st`` having crawled its pages up to ``stop`` (a time limit cut the rest, or a failure there)."""
+    stop = min(stop, total)
+    pages = stop - st.first_page
+    outcome = "failed" if not ok else "done" if stop >= st.first_page + st.page_limit else "timeout"
+    report = Report(subtask=st, node=node, outcome=outcome, reason="" if ok else "HTTP 503", reported=10 * total,
+                    offered=10 * pages, collected=10 * pages, pages=pages, next_page=stop,
+                    exhausted=stop >= total, total_pages=total, started=store.now() - 1, ended=store.now())
+    return store.finish(st.id, token, report.to_json(), node=node, site=st.site, group=st.group,
+                        offered=report.offered, collected=report.collected, pages=pages, seconds=1.0, ok=ok,
+                        alpha=0.3, runs_maxlen=1000)
+
+
+def _drain(store: Store, node: str) -> list[tuple[Subtask, str]]:
+    out = []
+    while (got := store.take(node, lease_ttl=30, grace=5)) is not None:
+        out.append((Subtask.from_json(got[0]), got[1]))
+    return out
+
+
+class _Caps:
+    """An allocation that sends every subtask of the window to n1 (its avoid list ignored) as ``cap`` says."""
+
+    def __init__(self, cap: Any) -> None:
+        self.cap = cap
+
+    def allocate(self, subtasks: Any, nodes: Any, estimates: Any, now: float) -> list[tuple[Subtask, str]]:
+        return [(self.cap(s), "n1") for s in subtasks]
+
+
+def _task_record(store: Store) -> dict[str, Any]:
+    [raw] = store.redis.hvals(store.keys.tasks)
+    return json.loads(raw)
+
+
+def test_a_task_keeps_its_lanes_out_once_its_page_count_is_known(store: Store) -> None:
+    inject(store, {"name": "p", "sites": ["a.com"]})
+    store.heartbeat("n1", {**NODE_INFO, "prefetch": 8}, 30, [])
+    control = make_control(store, lanes=2)
+    control.tick()
+    [(first, token)] = _drain(store, "n1")  # one subtask until the engine's count is seen
+    assert (first.first_page, first.page_limit) == (0, 3)
+    assert finish_at(store, "n1", first, token, 3)
+    control.tick()
+    out = _drain(store, "n1")
+    assert sorted((st.first_page, st.page_limit) for st, _ in out) == [(3, 3), (6, 3)]
+    task = _task_record(store)
+    assert (task["next_page"], task["open"], task["done"]) == (9, 2, False)
+    # The later slice reports first; the earlier one is cut by its time limit after one page: its two pages
+    # left become a subtask of their own, and the later slice's report made the next slice.
+    (a, ta), (b, tb) = sorted(out, key=lambda x: x[0].first_page)
+    assert finish_at(store, "n1", b, tb, 9)
+    assert finish_at(store, "n1", a, ta, 4)
+    control.tick()
+    assert sorted((st.first_page, st.page_limit) for st, _ in _drain(store, "n1")) == [(4, 2), (9, 3)]
+    assert _task_record(store)["open"] == 2
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_lanes_crawl_every_page_once_whatever_the_order_cuts_and_caps(store: Store, seed: int) -> None:
+    """Slices finished in any order, cut short by time limits or failed pages, capped by the allocation: every
+    page of the task is crawled exactly once and the task is done only when the last of its subtasks has reported."""
+    import random
+
+    rng = random.Random(seed)
+    inject(store, {"name": "p", "sites": ["a.com"]})
+    store.heartbeat("n1", {**NODE_INFO, "prefetch": 8}, 30, [])
+    caps = _Caps(cap=lambda s: s.capped(rng.randint(1, s.page_limit)) if rng.random() < 0.4 else s)
+    control = make_control(store, lanes=rng.choice([2, 3]), allocation=caps,
+                           recall=DynamicRecall(threshold=30, max_recalls=100))
+    crawled: list[int] = []
+    reported = 0  # results of the runs that did not fail (a failed run's are stored, not counted on the task)
+    for _ in range(200):
+        control.tick()
+        out = _drain(store, "n1")
+        if not out:
+            break
+        assert not _task_record(store)["done"]
+        rng.shuffle(out)
+        for st, token in out:
+            ok = rng.random() < 0.8  # else a page fails: the slice is recalled from there
+            stop = rng.randint(st.first_page, st.first_page + st.page_limit - (0 if ok else 1))  # or a time limit
+            assert finish_at(store, "n1", st, token, stop, ok=ok)
+            crawled += range(st.first_page, min(stop, 20))
+            reported += 10 * (min(stop, 20) - st.first_page) if ok else 0
+    task = _task_record(store)
+    assert sorted(crawled) == list(range(20))
+    assert task["done"] is True and task["open"] == 0 and task["collected"] == reported
+    assert store.redis.zcard(store.keys.waiting) == 0 and store.redis.hget(store.keys.progress, "p|done") == "1"
+
+
+def test_a_dead_lettered_slice_closes_its_lane_and_the_task_still_ends(store: Store) -> None:
+    inject(store, {"name": "p", "sites": ["a.com"]})
+    store.heartbeat("n1", {**NODE_INFO, "prefetch": 8}, 30, [])
+    control = make_control(store, lanes=2, recall=DynamicRecall(threshold=30, max_recalls=2),
+                           allocation=_Caps(cap=lambda s: s))
+    control.tick()
+    [(first, token)] = _drain(store, "n1")
+    assert finish_at(store, "n1", first, token, 3, total=9)
+    control.tick()
+    (a, ta), (b, tb) = sorted(_drain(store, "n1"), key=lambda x: x[0].first_page)
+    assert finish_at(store, "n1", a, ta, 3, ok=False, total=9)  # fails at its first page: recalled, then dead
+    assert finish_at(store, "n1", b, tb, 9, total=9)
+    control.tick()
+    [(again, tg)] = _drain(store, "n1")  # a recalled slice: its next attempt, wherever it goes
+    assert again.id == a.id and again.attempt == 1
+    assert finish_at(store, "n1", again, tg, 3, ok=False, total=9)
+    control.tick()
+    task = _task_record(store)
+    assert task["done"] is True and task["open"] == 0
+    [dead] = [json.loads(v) for v in store.redis.hvals(store.keys.dead)]
+    assert dead["subtask"]["first_page"] == 3 and dead["subtask"]["page_limit"] == 3
+
+
+def test_a_task_record_with_a_bad_count_is_refused_by_name() -> None:
+    from scheduler_ext.exceptions import InvalidInput
+    from scheduler_ext.models import Task
+
+    assert Task.from_json('{"id": "t", "site": "a.com", "open": null}').open == 1  # absent or null: the default
+    for field, value in (("open", -1), ("next_page", "3"), ("total_pages", 1.5)):
+        with pytest.raises(InvalidInput, match=f"field '{field}'"):
+            Task.from_json(json.dumps({"id": "t", "site": "a.com", field: value}))

@@ -476,6 +476,20 @@ def test_waiting_offers_a_requeued_subtask_once() -> None:
     assert [entry[3].attempt for entry in sim._window(10)] == [19]
 
 
+def test_a_task_with_more_lanes_has_more_of_its_pages_crawled_at_once() -> None:
+    """One long query and two nodes with slots to spare: with one lane (the paper's model) a subtask at a time
+    crawls it; with two or three (the control's SCHEDEXT_TASK_LANES, the same decide code) as many at once."""
+    world = generate("generalists", nodes=2, sites=1, duration=60, seed=0)
+    items, subtasks = {}, {}
+    for lanes in (1, 2, 3):
+        allocation, modification, recall = CONFIGS["fifo"](0)
+        raw = Simulation(world, world.nodes, [TaskSpec("p", world.sites[0], 100_000)], allocation=allocation,
+                         modification=modification, recall=recall, duration=60, seed=0, lanes=lanes).run()
+        items[lanes], subtasks[lanes] = raw["samples"][-1]["items"], raw["allocated"]
+    assert items[2] > 1.7 * items[1] and items[3] > 1.3 * items[2]
+    assert subtasks[2] > 1.7 * subtasks[1]
+
+
 # --- scrapy experiment --sim -----------------------------------------------------------------------------------------
 
 def test_experiment_sim_writes_the_summary_and_report(tmp_path: Path) -> None:
