@@ -74,7 +74,7 @@ class Command(ScrapyCommand):
                                  "nodes, default 12)")
         parser.add_argument("--machine-seconds", type=float, default=None, metavar="SECONDS",
                             help="a real run: measure this machine (plain Scrapy, two windows of SECONDS) before "
-                                 "the configurations, for the best possible; 0 uses the recorded "
+                                 "and after the configurations, for the best possible; 0 uses the recorded "
                                  "benchmarks/results/bench_machine.json (default: 10)")
         parser.add_argument("--prefix", default="{exp}", help="Redis key prefix of the runs; default {exp}")
         parser.add_argument("--database", default="product_crawl_experiment",

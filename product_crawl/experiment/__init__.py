@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -34,7 +35,7 @@ def run_experiment(opts: Options, *, redis_url: str = "", mongo_uri: str = "", p
     configuration ``opts.repeat`` times). Returns the summary and the report's path. The raw samples of each run
     (the first seed's, simulated) are kept in ``raw/<name>.json``.
     """
-    from product_crawl.experiment.machine import MachineError, machine_processes, measure
+    from product_crawl.experiment.machine import Costs, MachineError, machine_processes, mean_costs, measure
     from product_crawl.experiment.report import write_html, write_plots
     from product_crawl.experiment.sim import simulate_configuration
     from product_crawl.experiment.summary import summarize
@@ -44,18 +45,26 @@ def run_experiment(opts: Options, *, redis_url: str = "", mongo_uri: str = "", p
     totals = corpus_totals(opts.profile, opts.sites, opts.seed, opts.products)
     raws: dict[str, dict[str, Any]] = {}
     repeats: dict[str, list[int]] = {}
-    machine: dict[str, Any] | None = None
-    if not opts.sim and opts.machine_seconds > 0:
+    measured: list[tuple[str, Costs, list[dict[str, float]]]] = []
+
+    def measure_machine(when: str) -> None:
+        """The machine's costs now (docs/experiment.md, "vs best"): before the configurations and after them."""
+        nonlocal progress
         progress = progress or Progress()
         processes = machine_processes(len(opts.nodes))
-        progress.update(f"[machine] plain Scrapy in {processes} processes, 2 windows of {opts.machine_seconds:g} s")
+        progress.update(f"[machine {when}] plain Scrapy in {processes} processes, 2 windows of "
+                        f"{opts.machine_seconds:g} s")
         try:
             costs, windows = measure(opts.machine_seconds, processes, opts.out)
         except MachineError as exc:
             raise ExperimentError(f"measuring the machine (--machine-seconds {opts.machine_seconds:g}): {exc}") from exc
-        machine = {"costs": costs, "windows": windows}
-        progress.done(f"[machine] a page {1000 * costs.page_cpu:.2f} ms, an item {1000 * costs.item_cpu:.3f} ms of "
-                      f"CPU (a crawler {1000 * costs.node_page_cpu:.2f} / {1000 * costs.node_item_cpu:.3f} ms)")
+        measured.append((when, costs, windows))
+        progress.done(f"[machine {when}] a page {1000 * costs.page_cpu:.2f} ms, an item {1000 * costs.item_cpu:.3f} "
+                      f"ms of CPU (a crawler {1000 * costs.node_page_cpu:.2f} / {1000 * costs.node_item_cpu:.3f} ms)")
+
+    machine_too = not opts.sim and opts.machine_seconds > 0
+    if machine_too:
+        measure_machine("before")
     for i, name in enumerate(opts.configurations, 1):
         label = f"{name} {i}/{len(opts.configurations)}"
         if opts.sim:
@@ -69,6 +78,12 @@ def run_experiment(opts: Options, *, redis_url: str = "", mongo_uri: str = "", p
                                     label=label)
         raws[name] = raw
         (opts.out / "raw" / f"{name}.json").write_text(json.dumps(raw, ensure_ascii=False), encoding="utf-8")
+    machine: dict[str, Any] | None = None
+    if machine_too:
+        measure_machine("after")
+        machine = {"costs": mean_costs([costs for _, costs, _ in measured]),
+                   "windows": [{"when": when, **w} for when, _, windows in measured for w in windows],
+                   "measured": [{"when": when, **dataclasses.asdict(costs)} for when, costs, _ in measured]}
     summary = summarize(raws, opts, totals, repeats, machine)
     (opts.out / "summary.json").write_text(json.dumps(summary, ensure_ascii=False, indent=1), encoding="utf-8")
     images = write_plots(summary, opts.out)

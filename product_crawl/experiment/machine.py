@@ -24,14 +24,17 @@ Also kept: a crawler process's own costs (one Python process: one core at most),
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
 import urllib.request
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -74,6 +77,11 @@ class Costs:
     item_cpu: float
     node_page_cpu: float
     node_item_cpu: float
+
+
+def mean_costs(measured: Sequence[Costs]) -> Costs:
+    """The mean of several measurements (before and after a run's configurations)."""
+    return Costs(*(statistics.fmean(getattr(c, f.name) for c in measured) for f in dataclasses.fields(Costs)))
 
 
 def workload() -> list[tuple[str, list[str], str]]:

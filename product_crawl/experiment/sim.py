@@ -196,8 +196,8 @@ def best_possible(opts: Options, totals: dict[str, dict[str, int]], *, assignmen
         model = NodeModel(page_cpu=costs.node_page_cpu, item_cpu=costs.node_item_cpu)
         shared = bound_module.Machine(cores=float(os.cpu_count() or 1), page_cpu=costs.page_cpu,
                                       item_cpu=costs.item_cpu)
-        source = (f"measured before the configurations: plain Scrapy in {machine_processes(len(opts.nodes))} "
-                  f"processes, 2 windows of {opts.machine_seconds:g} s")
+        source = (f"measured before and after the configurations (the mean): plain Scrapy in "
+                  f"{machine_processes(len(opts.nodes))} processes, 2 windows of {opts.machine_seconds:g} s each time")
     model = model.with_settings(Settings({**CLUSTER_SETTINGS, **opts.overrides}))  # the nodes' concurrency and delay
     bound = bound_module.best_possible(world, nodes, work, opts.duration, model, shared)
     if not assignments:
@@ -208,4 +208,4 @@ def best_possible(opts: Options, totals: dict[str, dict[str, int]], *, assignmen
         return {**bound, "model": {**nodes_model, "source": "the simulator's NodeModel, a machine per node"}}
     return {**bound, "model": {**nodes_model, "cores": shared.cores, "machine_page_cpu": shared.page_cpu,
                                "machine_item_cpu": shared.item_cpu, "source": source,
-                               **({"windows": machine["windows"]} if machine else {})}}
+                               **({"windows": machine["windows"], "measured": machine["measured"]} if machine else {})}}
