@@ -563,10 +563,9 @@ class _Decider:
         if stop < end and end >= task.next_page:  # the task's last slice so far: the task goes on from its stop
             task.next_page, hole = stop, (stop, stop)
         task.next_page = int(min(task.next_page, total))
-        if task.next_page >= total and task.open == 0 and hole[0] >= hole[1]:
-            task.done = True
-            writes += [Write.hincrby(k.progress, f"{task.group}|done"), Write.hincrby(k.counters, "tasks_done")]
-        else:
+        if hole[0] >= hole[1]:
+            writes += self._ended(task)
+        if not task.done:
             chosen = self.strat.modification.next_limits(report, self.snap.estimates)
             pages, limit = int(chosen[0]), float(chosen[1])
             if pages < 1 or not (limit > 0 and math.isfinite(limit)):
@@ -596,9 +595,16 @@ class _Decider:
                      payload=task.payload)
         return self._waiting_writes(st)
 
+    def _ended(self, task: Task) -> list[Write]:
+        """Mark ``task`` done if nothing of it is out and no page is left to give; the writes that count it."""
+        if task.open or task.total_pages is None or task.next_page < task.total_pages:
+            return []
+        task.done = True
+        return [Write.hincrby(self.k.progress, f"{task.group}|done"), Write.hincrby(self.k.counters, "tasks_done")]
+
     def _closed(self, task_id: str) -> list[Write]:
-        """Writes that count one subtask of a task as no longer out (dead-lettered): the task is done if nothing
-        else of it is out and no page is left to give."""
+        """Writes that count one subtask of a task as no longer out (dead-lettered), and end the task if that
+        was the last of it."""
         try:
             task = self._task(task_id)
         except InvalidInput:
@@ -606,12 +612,7 @@ class _Decider:
         if task is None or task.done:
             return []
         task = self.tasks[task.id] = replace(task, open=max(0, task.open - 1))
-        writes = []
-        if task.open == 0 and task.total_pages is not None and task.next_page >= task.total_pages:
-            task.done = True
-            writes += [Write.hincrby(self.k.progress, f"{task.group}|done"),
-                       Write.hincrby(self.k.counters, "tasks_done")]
-        return [*writes, Write.hset(self.k.tasks, task.id, self._record(task))]
+        return [*self._ended(task), Write.hset(self.k.tasks, task.id, self._record(task))]
 
     # --- 3. recall ----------------------------------------------------------------------------------------------
     def _recall_writes(self, st: Subtask, node: str | None, reason: str, decision: RecallDecision) -> list[Write]:

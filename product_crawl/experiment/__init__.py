@@ -62,8 +62,8 @@ def run_experiment(opts: Options, *, redis_url: str = "", mongo_uri: str = "", p
         progress.done(f"[machine {when}] a page {1000 * costs.page_cpu:.2f} ms, an item {1000 * costs.item_cpu:.3f} "
                       f"ms of CPU (a crawler {1000 * costs.node_page_cpu:.2f} / {1000 * costs.node_item_cpu:.3f} ms)")
 
-    machine_too = not opts.sim and opts.machine_seconds > 0
-    if machine_too:
+    measuring = not opts.sim and opts.machine_seconds > 0
+    if measuring:
         measure_machine("before")
     for i, name in enumerate(opts.configurations, 1):
         label = f"{name} {i}/{len(opts.configurations)}"
@@ -79,7 +79,7 @@ def run_experiment(opts: Options, *, redis_url: str = "", mongo_uri: str = "", p
         raws[name] = raw
         (opts.out / "raw" / f"{name}.json").write_text(json.dumps(raw, ensure_ascii=False), encoding="utf-8")
     machine: dict[str, Any] | None = None
-    if machine_too:
+    if measuring:
         measure_machine("after")
         machine = {"costs": mean_costs([costs for _, costs, _ in measured]),
                    "windows": [{"when": when, **w} for when, _, windows in measured for w in windows],
