@@ -187,8 +187,8 @@ def test_dynamic_beats_shared_on_a_heterogeneous_profile(scrapy_env: dict[str, s
     # dearer than an item; the bound uses each cost at its lowest (the machine's fastest moment: a bound must bound).
     assert 0 < summary["ratios"]["dynamic_vs_best"] < 1 and summary["simulated"] is False
     model = summary["best_possible"]["model"]
-    assert model["source"].startswith("measured before and after the configurations (each cost at its lowest): plain Scrapy in 2 "
-                                      "processes"), model
+    assert model["source"].startswith("measured before and after the configurations (each cost at its lowest): "
+                                      "plain Scrapy in 2 processes"), model
     assert [w["when"] for w in model["windows"]] == ["before", "before", "after", "after"]
     assert all(w["pages"] > 100 and w["node_cpu"] > 0 for w in model["windows"])
     before, after = model["measured"]
