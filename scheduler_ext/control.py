@@ -128,6 +128,9 @@ class EstimateCache:
             if kind == "s":
                 sites[what][node] = (_estimate(e, "c"), _estimate(e, "spp"))
                 _put(site_sums[what], node, sums)
+            elif e is None:  # gone: the finish script keeps the most recent GROUP_NODES nodes' figures
+                self._groups[what].pop(node, None)
+                self._group_sums.get(what, {}).pop(node, None)
             else:
                 self._groups[what][node] = _estimate(e, "spp")
                 _put(self._group_sums.setdefault(what, {}), node, sums)

@@ -160,6 +160,7 @@ class SubtaskScheduler:
         self._closing = False
         self._unsent: dict[str, _Finish] = {}
         self._taken = 0  # takes since the last heartbeat (the pace that sizes the prefetch)
+        self._fed = 0  # takes since the prefetch last changed: a node asks for more only once it got what it asked
         self._paced_at = time.monotonic()
         self._grown_at = -math.inf
         backoffs = self._backoffs = {name: Backoff(min(1.0, refill_interval), backoff_max)
@@ -339,18 +340,20 @@ class SubtaskScheduler:
         """About two control ticks of this node's measured take rate (unless SCHEDEXT_PREFETCH fixes it)."""
         now = time.monotonic()
         rate = self._taken / max(1e-3, now - self._paced_at)
-        self._taken, self._paced_at = 0, now
+        self._taken, self._paced_at, self._fed = 0, now, 0
         if self.pace.prefetch is None:
             self.prefetch = min(self.pace.prefetch_max,
                                 max(self.pace.prefetch_min, math.ceil(2 * rate * self.pace.tick) + 1))
 
     def _starved(self) -> None:
-        """The crawl queue was empty while the node had room: if it is busy, ask the control for more at once."""
+        """The crawl queue was empty while the node had room: if it is busy and took a whole prefetch since the
+        prefetch last changed (the control gives it all it asks for), ask for more at once. A node the control
+        gives less than it asks for has room already: asking for more would only widen every tick's window."""
         now = time.monotonic()
         if (self.pace.prefetch is None and self.tracker.active and self.prefetch < self.pace.prefetch_max
-                and now - self._grown_at >= self.refill_interval):
+                and self._fed >= self.prefetch and now - self._grown_at >= self.refill_interval):
             self.prefetch = min(self.pace.prefetch_max, 2 * self.prefetch)
-            self._grown_at = now
+            self._grown_at, self._fed = now, 0
             self._heartbeat_soon.schedule()
 
     def _refill_tick(self) -> None:
@@ -380,6 +383,7 @@ class SubtaskScheduler:
             self._release_late(taken)
             return
         self._taken += 1
+        self._fed += 1
         self._start(*taken)
         self._refill_soon.schedule()
 

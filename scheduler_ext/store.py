@@ -22,6 +22,7 @@ from typing import Any
 import redis
 
 from .keys import Keys
+from .strategies.posterior import GROUP_NODES
 
 SCRIPTS = ("take", "heartbeat", "finish", "release", "commit", "lead", "resign", "snapshot", "nodes", "ids")
 _INCLUDE = re.compile(r"^--@include (\w+)$", re.MULTILINE)
@@ -237,7 +238,8 @@ class Store:
         args: list[Any] = [sid, token, report_json, runs_maxlen, alpha, f"{site}|{node}", offered, collected, pages,
                 f"{seconds:.6f}", 1 if ok else 0, group, node,
                 pages + (0 if ok else 1) if attempted is None else attempted, f"{fail_cost:.6f}", errors,
-                f"{node_seconds:.6f}" if node_seconds is not None and 0 <= node_seconds < math.inf else ""]
+                f"{node_seconds:.6f}" if node_seconds is not None and 0 <= node_seconds < math.inf else "",
+                GROUP_NODES]
         return bool(self._finish(keys=keys, args=args))
 
     def release(self, node: str, leases: Iterable[tuple[str, str, float]]) -> int:

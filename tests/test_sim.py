@@ -15,6 +15,7 @@ import multiprocessing
 import os
 import random
 import statistics
+from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import replace
 from pathlib import Path
@@ -33,7 +34,8 @@ from scheduler_ext.sim.configs import CONFIGS
 from scheduler_ext.sim.estimates import MemoryEstimates
 from scheduler_ext.sim.families import FAMILIES, generate
 from scheduler_ext.store import Store, Write
-from scheduler_ext.strategies import NodeView
+from scheduler_ext.strategies import Allocation, NodeView
+from scheduler_ext.strategies.posterior import GROUP_NODES
 
 
 @pytest.fixture
@@ -95,6 +97,37 @@ def test_memory_estimates_match_the_finish_script(store: Store) -> None:
     assert (got.n, got.pages, got.got, got.sec, got.fl, got.err, got.xp, got.bl > 0) == pytest.approx(
         (mine.n, mine.pages, mine.got, mine.sec, mine.fl, mine.err, mine.xp, True)) and mine.fl > 0 and mine.err > 0
     assert cache.group_sums("milk", "a.com")["n1"].pages == pytest.approx(mem.group_sums("milk", "a.com")["n1"].pages)
+
+
+def test_group_figures_keep_the_nodes_that_ran_the_product_last(store: Store) -> None:
+    """est:gs keeps GROUP_NODES nodes' figures per (product, site), those of the nodes that ran it most recently,
+    in the finish script and in the simulator alike, and the control's cache drops the ones that go."""
+    k = store.keys
+    mem = MemoryEstimates(alpha=0.3)
+    cache = EstimateCache(store)
+    order = [f"n{i}" for i in range(GROUP_NODES + 2)] + ["n0", "n5"]
+    for i, node in enumerate(order):
+        st = Subtask(id=f"s{i}", task="t", site="a.com", group="milk", first_page=0, page_limit=10, time_limit=30)
+        store.redis.lpush(k.crawl(node), st.to_json())
+        taken = store.take(node, 30.0, 10.0)
+        assert taken is not None
+        report = Report(subtask=st, node=node, outcome="done", offered=50, collected=45, pages=5)
+        assert store.finish(st.id, taken[1], report.to_json(), node=node, site="a.com", group="milk", offered=50,
+                            collected=45, pages=5, seconds=1.0, ok=True, alpha=0.3, runs_maxlen=100)
+        mem.finish(site="a.com", group="milk", node=node, offered=50, collected=45, pages=5, seconds=1.0, ok=True,
+                   now=float(i + 1))
+        if i == GROUP_NODES - 1:  # the control has read the hash whole, with every node in it
+            assert set(cache.group_sums("milk", "a.com")) == set(order[:GROUP_NODES])
+            store.redis.delete(k.est_dirty)
+    recent = list(dict.fromkeys(reversed(order)))[:GROUP_NODES]  # n5, n0, then the last ones run
+    assert set(store.redis.hkeys(k.est_group_site("milk", "a.com"))) == set(recent)
+    assert set(mem.group_sums("milk", "a.com")) == set(mem.groups[("milk", "a.com")]) == set(recent)
+    assert len(store.redis.hkeys(k.est_site("a.com"))) == len(set(order))  # the site's figures keep every node
+    fields = cache.changed(store.redis.smembers(k.est_dirty))
+    with store.redis.pipeline(transaction=False) as pipe:
+        cache.queue_reads(fields, pipe)
+        cache.update(fields, pipe.execute())
+    assert set(cache.group_sums("milk", "a.com")) == set(cache.group_figures("milk", "a.com")) == set(recent)
 
 
 # --- the bound ------------------------------------------------------------------------------------------------------
@@ -207,6 +240,38 @@ def test_a_node_re_paces_its_prefetch_at_its_heartbeats_only() -> None:
     assert rare <= {low * 2 ** k for k in range(8)} and len(rare) > 1
     often, _ = _prefetches(0.5)
     assert often - {low * 2 ** k for k in range(8)}  # paced by the rate: other values too
+
+
+class _OneATick(Allocation):
+    """Gives the first waiting subtask to the first node with a free slot, one a tick: a control that holds work
+    back (as the bandit does for a better node) and never fills what a node asks for."""
+
+    def allocate(self, subtasks: Sequence[Subtask], nodes: Sequence[NodeView], estimates: Any,
+                 now: float) -> list[tuple[Subtask, str]]:
+        free = [n.id for n in nodes if n.free > 0]
+        return [(subtasks[0], free[0])] if subtasks and free else []
+
+
+def test_a_node_asks_for_more_only_once_it_got_what_it_asked_for() -> None:
+    # A busy node whose crawl queue runs dry doubles its prefetch, but only once it has taken a whole prefetch
+    # since the prefetch last changed: a node the control feeds one subtask a tick asked for more at every refill
+    # interval before (up to 16 between two heartbeats), which at 1,000 nodes only widened every tick's window.
+    world = generate("specialists", nodes=1, sites=1, duration=30, seed=0)
+    _, modification, recall = CONFIGS["bandit"](0)
+    seen: set[int] = set()
+    sims: list[Simulation] = []
+    sims.append(Simulation(world, world.nodes, _tasks(world.sites, 40, 0), allocation=_OneATick(),
+                           modification=modification, recall=recall, duration=30, seed=0, wake=0.0,
+                           sample_interval=0.1, on_sample=lambda _: seen.update(sims[0].prefetch.values())))
+    raw = sims[0].run()
+    assert raw["allocated"] >= 50  # one a tick (0.5 s), every one taken at once: the queue ran dry all along
+    assert max(seen) <= 4 * sims[0].prefetch_min, sorted(seen)
+    fed = Simulation(world, world.nodes, _tasks(world.sites, 40, 0), allocation=CONFIGS["fifo"](0)[0],
+                     modification=modification, recall=recall, duration=30, seed=0, sample_interval=0.1)
+    grown: set[int] = set()
+    fed.on_sample = lambda _: grown.update(fed.prefetch.values())
+    fed.run()
+    assert max(grown) >= 4 * fed.prefetch_min  # fed all it asks for, it grows as before
 
 
 def test_a_download_delay_spaces_a_nodes_pages_and_bounds_the_best_possible() -> None:

@@ -38,6 +38,7 @@ finish: end a leased subtask: run record, aggregates, moving estimates, report. 
   ARGV[16] errors      pages attempted that gave nothing without being blocked (errors, in flight, cut short)
   ARGV[17] nodeSecs    the run's node time (Report.node_seconds), charged to the sums instead of seconds and
                        failCost; '' if the node did not measure it (posterior.py, run_seconds)
+  ARGV[18] groupNodes  nodes whose figures estGroupKey keeps at most (posterior.py, GROUP_NODES; 0: all)
 
 Returns 1 if finished, 0 if the lease is gone or holds another token (counted as stale_finish on the node).
 ]]
@@ -54,6 +55,7 @@ local pages, seconds, ok = tonumber(ARGV[9]), tonumber(ARGV[10]), ARGV[11] == '1
 local group, node, attempted, failCost = ARGV[12], ARGV[13], tonumber(ARGV[14]), tonumber(ARGV[15]) or 0
 local errors = tonumber(ARGV[16]) or 0
 local nodeSeconds = tonumber(ARGV[17] or '')
+local groupNodes = tonumber(ARGV[18] or '') or 0
 if nodeSeconds and (nodeSeconds ~= nodeSeconds or nodeSeconds < 0 or nodeSeconds == math.huge) then
   nodeSeconds = nil  -- not a time: charge the run's seconds, as for a node that did not measure it
 end
@@ -151,6 +153,24 @@ estimate(estGroupKey, false)
 -- Tell the control which estimates changed, so that it re-reads only those ("s|node|site", "g|node|site|group").
 local site = string.sub(pair, 1, string.len(pair) - string.len(node) - 1)
 redis.call('SADD', estDirtyKey, 's|' .. node .. '|' .. site, 'g|' .. node .. '|' .. site .. '|' .. group)
+-- At most groupNodes nodes' figures per (product, site): past them, those of the node that ran the product there
+-- least recently go (posterior.py, GROUP_NODES; an unreadable entry first, then the smallest node id of a tie).
+if groupNodes > 0 and redis.call('HLEN', estGroupKey) > groupNodes then
+  local all = redis.call('HGETALL', estGroupKey)
+  local oldest, oldestLast = nil, math.huge
+  for i = 1, #all, 2 do
+    if all[i] ~= node then
+      local okE, e = pcall(cjson.decode, all[i + 1])
+      local last = okE and type(e) == 'table' and tonumber(e.last) or -1
+      if last ~= last then last = -1 end
+      if last < oldestLast or (last == oldestLast and all[i] < oldest) then oldest, oldestLast = all[i], last end
+    end
+  end
+  if oldest then
+    redis.call('HDEL', estGroupKey, oldest)
+    redis.call('SADD', estDirtyKey, 'g|' .. oldest .. '|' .. site .. '|' .. group)
+  end
+end
 redis.call('SADD', estGroupsKey, group .. '|' .. site)
 redis.call('SADD', aggIndexKey, pair)
 redis.call('SADD', aggTriplesKey, group .. '|' .. pair)

@@ -231,6 +231,7 @@ class Simulation:
         self.prefetch_max = max(self.prefetch_min, 4 * m.requests)
         self.prefetch = {n.id: self.prefetch_min if n.prefetch is None else n.prefetch for n in nodes}
         self._takes: dict[str, int] = dict.fromkeys(self.nodes, 0)
+        self._fed: dict[str, int] = dict.fromkeys(self.nodes, 0)  # takes since the node's prefetch last changed
         # A real node re-paces its prefetch at each of its heartbeats (SCHEDEXT_HEARTBEAT_INTERVAL), which are not
         # in step with the control's ticks nor with each other's: node i's are offset by i / nodes of an interval.
         self.heartbeat = heartbeat
@@ -479,7 +480,7 @@ class Simulation:
                 rate = self._takes[n.id] / min(elapsed, self.now - n.joins) if self.now > n.joins else 0.0
                 self.prefetch[n.id] = min(self.prefetch_max,
                                           max(self.prefetch_min, math.ceil(2 * rate * self.tick) + 1))
-            self._takes[n.id] = 0
+            self._takes[n.id] = self._fed[n.id] = 0
 
     def _queue(self, nid: str, st: Subtask) -> None:
         self.queues[nid].append(st)
@@ -507,6 +508,7 @@ class Simulation:
             st = queue.pop(0)
             running[st.id] = run = _Run(st, nid, self.now)
             self._takes[nid] += 1
+            self._fed[nid] += 1
             if self.pair_samples:
                 self.first_use.setdefault((nid, st.site), []).append(self.now)
             report, ended = self._crawl(run)
@@ -514,9 +516,10 @@ class Simulation:
         if queue and len(running) < m.requests:  # held back by pages waiting: look again when the next one starts
             self._poll(nid, self.starts[nid][0])
         elif (not queue and running and self.nodes[nid].prefetch is None and self.prefetch[nid] < self.prefetch_max
-              and self.now - self._grown_at[nid] >= m.refill_interval):  # busy and starved: ask for more
+              and self._fed[nid] >= self.prefetch[nid] and self.now - self._grown_at[nid] >= m.refill_interval):
+            # busy, starved and given all it asked for: ask for more
             self.prefetch[nid] = min(self.prefetch_max, 2 * self.prefetch[nid])
-            self._grown_at[nid] = self.now
+            self._grown_at[nid], self._fed[nid] = self.now, 0
 
     def _crawl(self, run: _Run) -> tuple[Report, float]:
         """Crawl ``run``'s pages now; the report and the time the node finishes it."""

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from ..strategies import Estimate
-from ..strategies.posterior import Sums, update_sums
+from ..strategies.posterior import GROUP_NODES, Sums, update_sums
 
 
 @dataclass(frozen=True)
@@ -79,7 +79,12 @@ class MemoryEstimates:
             site_sums = self._site_sums[site] = dict(self._site_sums.get(site, {}))
             self._copied.add(site)
         update(self.sites.setdefault(site, {}), site_sums, True)
-        update(self.groups.setdefault((group, site), {}), self._group_sums.setdefault((group, site), {}), False)
+        entries, sums = self.groups.setdefault((group, site), {}), self._group_sums.setdefault((group, site), {})
+        update(entries, sums, False)
+        if len(entries) > GROUP_NODES:  # the product's figures of the node that ran it least recently go
+            oldest = min((e.last, n) for n, e in entries.items() if n != node)[1]
+            del entries[oldest]
+            sums.pop(oldest, None)
 
     def forget_group(self, group: str, site: str) -> None:
         """Drop the (product, site) figures (the simulator: the product's task on the site is done)."""

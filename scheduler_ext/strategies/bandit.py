@@ -369,6 +369,8 @@ class BanditAllocation(Allocation):
         # Sums -> (prior, when, posterior): a pair's posterior changes with a new run (new sums) or the prior, and
         # with time only by the slow discount, refreshed every half_life / 10; so a tick recomputes what changed.
         self._cache: dict[int, tuple[Sums, float, float, float, Posterior]] = {}
+        # (product, site) -> (prior share, prior pace, node -> (sums, pace sums, expected rate)): _product_rates
+        self._product: dict[tuple[str, str], tuple[float, float, dict[str, tuple[Sums, Sums, float]]]] = {}
         # id(a site's sums mapping) -> (the mapping, its last change point), for exploration (see allocate)
         self._changes: dict[int, tuple[Mapping[str, Sums], float]] = {}
 
@@ -588,24 +590,26 @@ class BanditAllocation(Allocation):
         tops = sorted(((-r.by_rate[0][0], i, r) for i, r in enumerate(s.ranking for s in sites.values())
                        if r.by_rate), reverse=True)
 
-        answers: dict[tuple[str, float], bool] = {}  # the subtasks of a class ask about the same nodes
+        scanned: dict[str, list[Any]] = {}  # node -> [rows of ``tops`` scanned, its best rate on them]
 
         def busy(nid: str, rate: float) -> bool:
-            """True if ``nid`` has an expected rate of at least ``rate`` on one of the window's sites (classes)."""
-            hit = answers.get((nid, rate))
-            if hit is None:
-                hit = answers[(nid, rate)] = _busy(nid, rate)
-            return hit
-
-        def _busy(nid: str, rate: float) -> bool:
+            """True if ``nid`` has an expected rate of at least ``rate`` on one of the window's sites (classes).
+            A node's rate on a site is at most the site's best, so the sites are scanned best first and only while
+            their best reaches ``rate``; the next question about the node resumes where this one stopped (the
+            draws are all different: each node's sites are scanned once per call, whatever it is asked)."""
             if overridden.get(nid, 0.0) >= rate:
                 return True
-            for top, _, r in tops:  # best site first: stop at the first whose best node is below ``rate``
-                if top < rate:
-                    return False
-                if r.c.get(nid, 0.0) >= rate:
-                    return True
-            return False
+            state = scanned.get(nid)
+            if state is None:
+                state = scanned[nid] = [0, 0.0]
+            i, best = state
+            while best < rate and i < len(tops) and tops[i][0] >= rate:
+                v = tops[i][2].c.get(nid, 0.0)
+                if v > best:
+                    best = v
+                i += 1
+            state[0], state[1] = i, best
+            return best >= rate  # type: ignore[no-any-return]
 
         explore: list[tuple[float, int, bool, Subtask, str, bool]] = []
         in_flight = self._in_flight
@@ -734,8 +738,7 @@ class BanditAllocation(Allocation):
         sums, theta0, rho0, _, _ = site.ranking.data
         per_group = group_sums(estimates, group, site.site) if sums else {}
         paces = {nid: pace for nid, pace in per_group.items() if nid in site.ranking.c and nid not in excluded}
-        rates = {nid: expected_rate(sums[nid], now=now, half_life=EXPLOIT, theta0=theta0, rho0=rho0,
-                                    pace=pace) for nid, pace in paces.items()}
+        rates = self._product_rates(group, site.site, sums, theta0, rho0, paces) if paces else {}
         if runs_left:
             return self._retry_class(site, excluded, rates, classes, runs_left)
         if not rates:  # most products: the site's class
@@ -750,6 +753,28 @@ class BanditAllocation(Allocation):
             cls = classes[ck] = _Class(site, excluded | rates.keys(), rates, math.inf, self.rate_floor)
             cls.posts = paces
         return cls
+
+    def _product_rates(self, group: str, site: str, sums: Mapping[str, Sums], theta0: float, rho0: float,
+                       paces: dict[str, Sums]) -> dict[str, float]:
+        """Node -> expected rate of ``group`` on ``site`` for the nodes with a pace of their own for it. A rate
+        depends on the node's sums, its pace sums and the site's prior only (the exploiting rates are not
+        discounted by time), so it is kept across calls until one of them is replaced: a subtask that waits is
+        offered again every tick, and its rates are not computed again."""
+        key = (group, site)
+        hit = self._product.get(key)
+        if hit is None or hit[0] != theta0 or hit[1] != rho0:
+            if len(self._product) > 65536:
+                self._product.clear()
+            hit = self._product[key] = (theta0, rho0, {})
+        kept = hit[2]
+        rates = {}
+        for nid, pace in paces.items():
+            s, row = sums[nid], kept.get(nid)
+            if row is None or row[0] is not s or row[1] is not pace:
+                row = kept[nid] = (s, pace, expected_rate(s, now=0.0, half_life=EXPLOIT, theta0=theta0, rho0=rho0,
+                                                          pace=pace))
+            rates[nid] = row[2]
+        return rates
 
     def _retry_class(self, site: _Site, excluded: set[str], rates: dict[str, float],
                      classes: dict[tuple[Any, ...], _Class], runs_left: int) -> _Class:

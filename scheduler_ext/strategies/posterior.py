@@ -60,6 +60,11 @@ PRIOR_WEIGHT = 3.0
 #: pace read from sums whose seconds are near 0 (an entry written by hand, a run timed at 0), which would
 #: otherwise make the prior's pace infinite and its draws a division by zero.
 PACE_MAX = 1e6
+#: Nodes whose (product, site) figures are kept per (product, site), at most: the ones that ran it most recently.
+#: A long task runs on more and more nodes (every exploration of its site is one); figures of a node that ran the
+#: product long ago say little the site-wide figures do not, and keeping them all made memory and the bandit's
+#: work per waiting subtask grow with the run (docs/strategies.md, "A day at scale").
+GROUP_NODES = 8
 #: A run this many binomial standard deviations off the pair's share, over at least CHANGE_PAGES pages attempted,
 #: is a change point: the sums restart from it instead of averaging it in.
 CHANGE_Z = 3.0
