@@ -21,7 +21,8 @@ How it works (docs/node.md):
 - **Prefetch sized by the node's own pace.** The node advertises ``prefetch`` (in its heartbeat): how many entries
   the control may queue ahead. Unless ``SCHEDEXT_PREFETCH`` fixes it, that is about two control ticks of this
   node's measured take rate, doubled at once (at most once per ``SCHEDEXT_REFILL_INTERVAL``) when the node finds
-  its queue empty while busy, bounded by ``4 x CONCURRENT_REQUESTS``: enough that the control's tick never starves
+  its queue empty while busy and has taken a whole prefetch since it last changed (the control gives it all it
+  asks for), bounded by ``4 x CONCURRENT_REQUESTS``: enough that the control's tick never starves
   the node, few enough that work is not committed to a node long before it can start (late binding stays
   meaningful).
 - A second looping call (``SCHEDEXT_HEARTBEAT_INTERVAL``) registers the node and renews its leases; a lease it lost

@@ -290,3 +290,25 @@ def test_idle_close_counts_from_the_last_finish_not_from_scrapys_first_idle_sign
     for waiting in (node(0.0), node(2.0, cluster_work=True)):
         with pytest.raises(DontCloseSpider):
             waiting._on_idle()
+
+
+def test_a_starved_node_asks_for_more_only_once_it_got_what_it_asked_for() -> None:
+    # A busy node whose crawl queue runs dry doubles its prefetch (and tells the control at once), but only once it
+    # has taken a whole prefetch since the prefetch last changed: a node the control gives less than it asks for
+    # (late binding holds the work for a better node) has room already (docs/node.md, "Prefetch").
+    import math
+    from types import SimpleNamespace
+
+    from scheduler_ext.scheduler import Pace, SubtaskScheduler
+
+    told: list[int] = []
+    s = SubtaskScheduler.__new__(SubtaskScheduler)
+    s.pace = Pace(ready=8, max_leases=16, prefetch=None, prefetch_min=2, prefetch_max=64, tick=1.0)
+    s.tracker = SimpleNamespace(active={"s1": object()})
+    s.prefetch, s._fed, s._grown_at, s.refill_interval = 2, 1, -math.inf, 0.5
+    s._heartbeat_soon = SimpleNamespace(schedule=lambda: told.append(s.prefetch))
+    s._starved()
+    assert (s.prefetch, told) == (2, [])  # given one of the two it asked for: it does not ask for more
+    s._fed = 2
+    s._starved()
+    assert (s.prefetch, s._fed, told) == (4, 0, [4])  # fed all it asked for: doubled, and the control told
