@@ -22,7 +22,9 @@ strategy took (the control's own decision code) and how much the rest (the simul
 the subtasks decided per simulated second, and the time of a simulated day extrapolated from the second half of
 the run (past the start-up: the steady state's pace) and from the whole run. ``--families none --scale`` runs
 those alone; ``--scale-delay 2`` gives the nodes a 2 s ``DOWNLOAD_DELAY`` (a polite pace for a search engine: a
-node then starts a page every 2 s) instead of the loopback pace.
+node then starts a page every 2 s) instead of the loopback pace; ``--scale-wake`` sets the control's wake (0.1 s).
+Each run's ``pace`` lists, sample by sample, the CPU a simulated second cost and the items a second: the cost
+grows with the run (docs/experiment.md, "A day at scale"), so the extrapolations hold for the run's length only.
 """
 
 from __future__ import annotations
@@ -101,7 +103,7 @@ class _Timed:
             self.seconds += time.process_time() - started
 
 
-def scale_run(name: str, duration: float, delay: float = 0.0) -> dict[str, Any]:
+def scale_run(name: str, duration: float, delay: float = 0.0, wake: float = 0.1) -> dict[str, Any]:
     world = generate("specialists", nodes=1000, sites=200, duration=duration, seed=0)
     rng = random.Random(0)
     tasks = (TaskSpec(f"p{p}", s, rng.randint(3000, 30000)) for p in range(10_000) for s in world.sites)
@@ -110,7 +112,7 @@ def scale_run(name: str, duration: float, delay: float = 0.0) -> dict[str, Any]:
     # CPU time of this process (the machine is shared: wall time there measures the neighbours), at each sample
     walls: list[float] = []
     sim = Simulation(world, world.nodes, tasks, allocation=timed, modification=modification, recall=recall,
-                     duration=duration, tick=1.0, seed=0, pair_samples=False, sample_interval=duration / 20,
+                     duration=duration, tick=1.0, wake=wake, seed=0, pair_samples=False, sample_interval=duration / 20,
                      on_sample=lambda s: walls.append(time.process_time()), model=NodeModel(delay=delay))
     started, started_wall = time.process_time(), time.monotonic()
     raw = sim.run()
@@ -119,7 +121,12 @@ def scale_run(name: str, duration: float, delay: float = 0.0) -> dict[str, Any]:
     half = next(i for i, s in enumerate(samples) if s["t"] >= duration / 2)
     late = samples[half:]
     late_wall = walls[-1] - walls[half]  # the second half: past the start-up (prefetch filling, first runs)
+    # what a simulated second costs, sample by sample: it grows with the run (docs/experiment.md, "A day at scale")
+    pace = [{"t": b["t"], "cpu_per_simulated_second": round((w1 - w0) / max(1e-9, b["t"] - a["t"]), 3),
+             "items_per_second": round((b["items"] - a["items"]) / max(1e-9, b["t"] - a["t"]), 1)}
+            for a, b, w0, w1 in zip(samples, samples[1:], walls, walls[1:], strict=False)]
     out = {"configuration": name, "nodes": 1000, "sites": 200, "products": 10_000, "download_delay": delay,
+           "wake": wake, "pace": pace,
            "simulated_seconds": duration,
            "cpu_seconds": round(wall, 1), "wall_seconds": round(time.monotonic() - started_wall, 1),
            "allocation_seconds": round(timed.seconds, 1),
@@ -139,7 +146,8 @@ def scale_run(name: str, duration: float, delay: float = 0.0) -> dict[str, Any]:
 
 
 def scale(args: argparse.Namespace) -> list[dict[str, Any]]:
-    return [scale_run(name, args.scale_duration, args.scale_delay) for name in args.scale_configs.split(",")]
+    return [scale_run(name, args.scale_duration, args.scale_delay, args.scale_wake)
+            for name in args.scale_configs.split(",")]
 
 
 def main() -> None:
@@ -157,6 +165,8 @@ def main() -> None:
     p.add_argument("--scale-configs", default="bandit,fifo", help=f"comma-separated, from {', '.join(CONFIGS)}")
     p.add_argument("--scale-delay", type=float, default=0.0,
                    help="the nodes' DOWNLOAD_DELAY in the scale runs (seconds; 0: the loopback pace)")
+    p.add_argument("--scale-wake", type=float, default=0.1,
+                   help="seconds after a tick before a report wakes the next one in the scale runs (SCHEDEXT_TICK_WAKE)")
     p.add_argument("--out", type=Path, default=Path("benchmarks/results/bench_quality.json"))
     args = p.parse_args()
     families = FAMILIES if args.families == "all" else () if args.families == "none" \

@@ -49,7 +49,9 @@ classes and greedy): each (site, node type) ranks its nodes by expected rate onc
 site's sums change (the sums mapping of a site is replaced on change: copy on write), then re-rates only the nodes
 whose sums changed. The exploiting rates are not discounted by time (:data:`EXPLOIT`), so nothing expires with the
 clock; a ranking where a few nodes were re-rated moves their rows instead of sorting again; subtasks that rank
-nodes alike share a class; at most ``EXPLORE_SAMPLE`` draws per subtask, and
+nodes alike share a class; a product's rates on a site (its nodes' own paces) are kept until their sums or the
+site's prior change (:meth:`BanditAllocation._product_rates`); the check that a node has as good to do on the
+window's sites scans its sites once per call; at most ``EXPLORE_SAMPLE`` draws per subtask, and
 ``2 x RETRY_SAMPLE`` nodes weighed per class of recalled subtasks, whose avoided nodes count only where the
 weighing reaches them (:class:`_Weighing`). O(free slots + what changed) per tick; no (subtask x node) product.
 
