@@ -106,6 +106,8 @@ def test_group_figures_keep_the_nodes_that_ran_the_product_last(store: Store) ->
     mem = MemoryEstimates(alpha=0.3)
     cache = EstimateCache(store)
     order = [f"n{i}" for i in range(GROUP_NODES + 2)] + ["n0", "n5"]
+    # fields the finish script did not write (not JSON, a time that is not finite): the first to go, no error
+    store.redis.hset(k.est_group_site("milk", "a.com"), mapping={"bad1": '{"last": 1e999}', "bad2": "not json"})
     for i, node in enumerate(order):
         st = Subtask(id=f"s{i}", task="t", site="a.com", group="milk", first_page=0, page_limit=10, time_limit=30)
         store.redis.lpush(k.crawl(node), st.to_json())

@@ -162,8 +162,10 @@ if groupNodes > 0 and redis.call('HLEN', estGroupKey) > groupNodes then
     if all[i] ~= node then
       local okE, e = pcall(cjson.decode, all[i + 1])
       local last = okE and type(e) == 'table' and tonumber(e.last) or -1
-      if last ~= last then last = -1 end
-      if last < oldestLast or (last == oldestLast and all[i] < oldest) then oldest, oldestLast = all[i], last end
+      if last ~= last or last == math.huge or last == -math.huge then last = -1 end  -- not a time: first to go
+      if oldest == nil or last < oldestLast or (last == oldestLast and all[i] < oldest) then
+        oldest, oldestLast = all[i], last
+      end
     end
   end
   if oldest then
