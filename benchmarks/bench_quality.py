@@ -166,7 +166,8 @@ def main() -> None:
     p.add_argument("--scale-delay", type=float, default=0.0,
                    help="the nodes' DOWNLOAD_DELAY in the scale runs (seconds; 0: the loopback pace)")
     p.add_argument("--scale-wake", type=float, default=0.1,
-                   help="seconds after a tick before a report wakes the next one in the scale runs (SCHEDEXT_TICK_WAKE)")
+                   help="seconds after a tick before a report wakes the next one in the scale runs "
+                        "(SCHEDEXT_TICK_WAKE)")
     p.add_argument("--out", type=Path, default=Path("benchmarks/results/bench_quality.json"))
     args = p.parse_args()
     families = FAMILIES if args.families == "all" else () if args.families == "none" \
