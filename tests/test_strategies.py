@@ -32,7 +32,7 @@ from scheduler_ext.strategies import bandit as bandit_module
 from scheduler_ext.strategies import modification as modification_module
 from scheduler_ext.strategies import posterior as posterior_module
 from scheduler_ext.strategies.allocation import DynamicAllocation, RoundRobinAllocation, SharedAllocation
-from scheduler_ext.strategies.bandit import AHEAD, EXPLORE_PAGES, BanditAllocation
+from scheduler_ext.strategies.bandit import AHEAD, EXPLORE_PAGES, EXPLORE_ROOM, BanditAllocation
 from scheduler_ext.strategies.modification import DynamicModification, FixedModification, RelativeModification
 from scheduler_ext.strategies.posterior import PACE_MAX, Posterior, Sums, update_sums
 from scheduler_ext.strategies.recall import DynamicRecall, NoRecall
@@ -1041,3 +1041,32 @@ def test_bandit_gives_work_to_a_node_that_would_start_it_at_once_before_queueing
     assert run(more, AHEAD) == {**{s.id: "n2" for s in more[:AHEAD]}, more[-1].id: "n1"}
     # AHEAD each to keep them busy, the best first
     assert run(more, 0) == {**{s.id: "n1" for s in more[:AHEAD]}, more[-1].id: "n2"}
+
+
+def test_bandit_weighs_no_more_of_a_sites_subtasks_than_its_free_nodes_can_take() -> None:
+    # a.com: n1 good with one free slot, n2 as good and full, n3 below the floor with free slots. Ten fresh
+    # subtasks of a.com wait first (their site's nodes are busy: that is why they wait), one past its patience, and
+    # five of b.com, where nobody ran. Only the free room of a.com's eligible nodes (n1's slot) and EXPLORE_ROOM
+    # more of its fresh subtasks are weighed; the aged one (any node will do), the recalled one (its class weighs
+    # nodes of its own) and every one of b.com are.
+    slow = (10, 100, 93, 5.0, True)
+    est = SumsEstimates().runs("a.com", "n1", *[GOOD] * 4).runs("a.com", "n2", *[GOOD] * 4) \
+        .runs("a.com", "n3", *[slow] * 4)
+    strategy = BanditAllocation(explore_share=0)
+    strategy.credit = 0.0
+    weighed: list[str] = []
+    inner = strategy._class
+
+    def spy(site: Any, group: str, *args: Any, **kwargs: Any) -> Any:
+        weighed.append(group)
+        return inner(site, group, *args, **kwargs)
+
+    strategy._class = spy  # type: ignore[method-assign]
+    window = [*[st(f"a{i}", group=f"a{i}") for i in range(10)],
+              st("old", group="old", since=NOW - strategy.patience - 1),
+              replace(st("again", group="again"), attempt=1),  # recalled: its own nodes weighed (_retry_class)
+              *[st(f"b{i}", site="b.com", group=f"b{i}") for i in range(5)]]
+    result = assigned(strategy.allocate(window, [node("n1", 1), node("n2", 0), node("n3", 3)], est, NOW))
+    assert weighed == [*[f"a{i}" for i in range(1 + EXPLORE_ROOM)], "old", "again", *[f"b{i}" for i in range(5)]]
+    # b.com's first goes first (an exploration of a site nobody knows), the aged one to the node left
+    assert result == {"b0": "n1", "b1": "n3", "old": "n3"}

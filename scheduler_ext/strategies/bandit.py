@@ -53,7 +53,10 @@ nodes alike share a class; a product's rates on a site (its nodes' own paces) ar
 site's prior change (:meth:`BanditAllocation._product_rates`); the check that a node has as good to do on the
 window's sites scans its sites once per call; at most ``EXPLORE_SAMPLE`` draws per subtask, and
 ``2 x RETRY_SAMPLE`` nodes weighed per class of recalled subtasks, whose avoided nodes count only where the
-weighing reaches them (:class:`_Weighing`). O(free slots + what changed) per tick; no (subtask x node) product.
+weighing reaches them (:class:`_Weighing`); of a site's fresh subtasks, only as many are weighed as its free
+eligible nodes can take, plus :data:`EXPLORE_ROOM` (:meth:`BanditAllocation._room`): the window's first subtasks
+are mostly of sites whose nodes are busy, and the rest of them cost a lookup. O(free slots + what changed) per
+tick; no (subtask x node) product.
 
 Settings: ``SCHEDEXT_RATE_FLOOR``, ``SCHEDEXT_PATIENCE``, ``SCHEDEXT_EXPLORE_SHARE``, ``SCHEDEXT_EXPLORE_PAGES``,
 ``SCHEDEXT_ESTIMATE_HALF_LIFE``, ``SCHEDEXT_RECALL_THRESHOLD`` (how long an exploration counts as in flight),
@@ -93,6 +96,8 @@ AHEAD = 2
 EXPLORE_PAGES = CHANGE_PAGES
 #: Free candidates drawn per subtask for exploration: bounds the cost of a tick whatever the cluster's size.
 EXPLORE_SAMPLE = 8
+#: Subtasks of a site offered beyond what its free nodes can take (:meth:`BanditAllocation._room`): explorations.
+EXPLORE_ROOM = 2
 #: The half-life the exploiting rates are computed with: none (0: no discount). The time discount widens a
 #: pair's posterior so that its draws can beat the best again (exploration); it must not move the pair's *mean*
 #: towards the optimistic prior, or a pair measured bad minutes ago would be exploited again, without budget and
@@ -572,6 +577,8 @@ class BanditAllocation(Allocation):
                 ranking = self._rankings.get(st.site, st.type, source, now,
                                              functools.partial(self._ranking, st.site, source, now), cacheable)
                 site = sites[(st.site, st.type)] = _Site(st.site, ranking, free)
+            if not st.attempt and now - st.since < self.patience and not self._room(site):
+                continue  # as many of the site's subtasks offered as its free nodes can take (see _room)
             avoided = site.ranking.ids.intersection(st.avoid)
             excluded = avoided if avoided != site.ranking.ids else set()  # none else alive: the avoided will do
             runs_left = max(1, self.recall_max - st.attempt) if st.attempt > 0 else 0
@@ -670,6 +677,31 @@ class BanditAllocation(Allocation):
                                 seen is not None and s is None))
         queued = {n.id: n.queued for n in nodes}
         return self._match(explore, classes.values(), free, now, len(nodes), queued)
+
+    def _room(self, site: _Site) -> bool:
+        """Takes one subtask's room on ``site``: True if the site can still place one more of this call's
+        subtasks. A site's room is the free slots of its nodes rated at least ``SCHEDEXT_RATE_FLOOR`` of its
+        best (those a subtask of it may be sent to), counted in rank order as its subtasks ask, plus
+        :data:`EXPLORE_ROOM` for explorations; a site nobody ran has no bound (anything there is an exploration).
+        The window holds the first waiting subtasks in priority order, most of them of sites whose nodes are
+        busy (that is why they wait): each is classed and drawn for every tick, and cannot be placed. O(the
+        subtasks offered + the site's nodes walked, amortized by the free list)."""
+        state = site.memo.get("room")
+        if state is None:
+            r = site.ranking
+            if not r.by_rate or r.by_rate[0][0] >= 0:
+                return True  # no node collects anything there: no bound
+            state = site.memo["room"] = [EXPLORE_ROOM, 0, site.free_list(math.inf), self.rate_floor * r.by_rate[0][0]]
+        if state[0] > 0:
+            state[0] -= 1
+            return True
+        fl, cut = state[2], state[3]
+        i = fl.first(state[1], site.free)
+        if i < len(fl.rows) and fl.rows[i][0] <= cut:
+            state[0], state[1] = site.free[fl.rows[i][2]] - 1, i + 1
+            return True
+        state[1] = i
+        return False
 
     @staticmethod
     def _exploit(classes: list[_Class], free: dict[str, int], queued: Mapping[str, int]) -> list[tuple[Subtask, str]]:
