@@ -317,7 +317,7 @@ async function viewProducts(root) {
   if (!S.product || !data.tasks) return;
   const ex = (f) => h("a", {class: "button", href: `/api/export?product=${encodeURIComponent(S.product)}&format=${f}`, download: ""}, `Export ${f.toUpperCase()}`);
   root.append(h("h2", {}, `${S.product}: tasks `, ex("jsonl"), " ", ex("csv")));
-  root.append(data.tasks.length ? table(["site", "engine", th("page limit", "num"), th("time limit (s)", "num"), th("next page / total", "num"),
+  root.append(data.tasks.length ? table(["site", "engine", th("page limit", "num"), th("time limit (s)", "num"), h("th", {class: "num", title: "pages handed to subtasks so far (crawled, or out now) / the results' page count, once a run saw it"}, "pages given / total"),
     th("runs", "num"), th("collected", "num"), "last node", "state"],
   data.tasks.map((t) => h("tr", {}, h("td", {}, site(t.site)), h("td", {}, t.engine || "–"), h("td", {class: "num"}, t.page_limit ?? "–"),
     h("td", {class: "num"}, fmt(t.time_limit, 1)), h("td", {class: "num"}, `${t.next_page ?? 0} / ${t.total_pages ?? "?"}`),
