@@ -96,7 +96,8 @@ AHEAD = 2
 EXPLORE_PAGES = CHANGE_PAGES
 #: Free candidates drawn per subtask for exploration: bounds the cost of a tick whatever the cluster's size.
 EXPLORE_SAMPLE = 8
-#: Subtasks of a site offered beyond what its free nodes can take (:meth:`BanditAllocation._room`): explorations.
+#: Fresh subtasks of a site weighed beyond what its free eligible nodes can take (:meth:`BanditAllocation._room`): for
+#: explorations.
 EXPLORE_ROOM = 2
 #: The half-life the exploiting rates are computed with: none (0: no discount). The time discount widens a
 #: pair's posterior so that its draws can beat the best again (exploration); it must not move the pair's *mean*
