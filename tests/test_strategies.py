@@ -32,7 +32,7 @@ from scheduler_ext.strategies import bandit as bandit_module
 from scheduler_ext.strategies import modification as modification_module
 from scheduler_ext.strategies import posterior as posterior_module
 from scheduler_ext.strategies.allocation import DynamicAllocation, RoundRobinAllocation, SharedAllocation
-from scheduler_ext.strategies.bandit import AHEAD, EXPLORE_PAGES, EXPLORE_ROOM, BanditAllocation
+from scheduler_ext.strategies.bandit import AHEAD, EXPLORE_PAGES, EXPLORE_REST, EXPLORE_ROOM, BanditAllocation
 from scheduler_ext.strategies.modification import DynamicModification, FixedModification, RelativeModification
 from scheduler_ext.strategies.posterior import PACE_MAX, Posterior, Sums, update_sums
 from scheduler_ext.strategies.recall import DynamicRecall, NoRecall
@@ -1015,6 +1015,28 @@ def test_bandit_explores_a_pair_again_once_its_exploration_ran_blank() -> None:
                     again[name] += 1
                     break
     assert again["blocked"] == 0 and again["blank"] > 5, again
+
+
+def test_bandit_explores_a_pair_again_a_rest_after_its_exploration_reported_not_a_recall_age() -> None:
+    # As above, but n2's exploration crawls one page and then meets an error (an unlucky first look at a pair about
+    # to turn good): not blank, so the pair stays locked while the report is fresh, and is drawn again
+    # EXPLORE_REST seconds after it, long before the recall age (60 s) lets the lock lapse.
+    base = SumsEstimates().runs("a.com", "n1", GOOD, GOOD, GOOD)
+    unlucky = update_sums(None, pages_done=1, failed_pages=2, error_pages=2, offered=10, collected=2, seconds=0.3,
+                          alpha=0.3, failed=True, now=NOW + 1)
+    again = Counter()
+    for tick in range(60):
+        strategy = BanditAllocation(seed=tick, explore_timeout=60.0)
+        nodes = [node("n1", 0), node("n2")]
+        if assigned(strategy.allocate([st("s1")], nodes, base, NOW)) != {"s1": "n2"}:
+            continue
+        est = SumsEstimates().runs("a.com", "n1", GOOD, GOOD, GOOD)
+        est.put("a.com", "n2", unlucky)
+        for t in (2, 3, 4, 5, 6, 1 + EXPLORE_REST, 2 + EXPLORE_REST, 3 + EXPLORE_REST, 4 + EXPLORE_REST):
+            if assigned(strategy.allocate([st(f"s{t}")], nodes, est, NOW + t)).get(f"s{t}") == "n2":
+                again["fresh" if t < 1 + EXPLORE_REST else "rested"] += 1
+                break
+    assert again["fresh"] == 0 and again["rested"] > 5, again
 
 
 def test_bandit_gives_work_to_a_node_that_would_start_it_at_once_before_queueing_it_behind_the_best() -> None:

@@ -25,8 +25,8 @@ Per tick, over the window of waiting subtasks the control passes (priority order
 4. Explore: up to ``EXPLORE_SAMPLE`` free candidates are drawn; one whose Thompson draw beats the best expected rate
    (and that step 3 would not pick) is an exploration. Explorations go first, best draw first, each costing its
    pages of the budget; a site no candidate has data on needs no budget (there is nothing to exploit). One exploration
-   per pair is in flight at a time: for the recall age, or until the pair's run reports blank
-   (:meth:`BanditAllocation._in_flight`). A pair last run before the site's latest change of treatment (any node's
+   per pair is in flight at a time: until the pair's run reports blank, until a run of it reported
+   :data:`EXPLORE_REST` seconds ago, or for the recall age (:meth:`BanditAllocation._in_flight`). A pair last run before the site's latest change of treatment (any node's
    ``Sums.cp``) is drawn from the prior, as untried;
    so is any pair, with probability ``1 - exp(-H)`` for ``H`` the cluster's confirmed changes per pair since it
    was last seen (:class:`ChangeHazard`); a subtask that failed already explores only if no candidate
@@ -99,6 +99,12 @@ EXPLORE_SAMPLE = 8
 #: Fresh subtasks of a site weighed beyond what its free eligible nodes can take (:meth:`BanditAllocation._room`): for
 #: explorations.
 EXPLORE_ROOM = 2
+#: Seconds after a run of a pair being explored reports before the pair may be explored again (unless the run was
+#: blank: at once; :meth:`BanditAllocation._in_flight`). Until the recall age instead (20 s in the benchmarks, 60 s
+#: by default), an exploration sent just before its pair turned good, whose run met the last of its errors, held a
+#: good pair for 18 to 20 s (bench_quality unlucky and drift, seeds 10 to 29); at 3 s the captcha family lost 2 % of
+#: its items (blocked pairs explored again too soon), at 6 s none, and the longest wait fell to 9.7 s.
+EXPLORE_REST = 6.0
 #: The half-life the exploiting rates are computed with: none (0: no discount). The time discount widens a
 #: pair's posterior so that its draws can beat the best again (exploration); it must not move the pair's *mean*
 #: towards the optimistic prior, or a pair measured bad minutes ago would be exploited again, without budget and
@@ -735,19 +741,20 @@ class BanditAllocation(Allocation):
 
     def _in_flight(self, key: tuple[str, str], now: float) -> bool:
         """True while an exploration of the pair ``key`` counts as in flight: sent less than ``explore_timeout`` ago
-        (the recall age: a run that has not reported by then is recalled), and no blank run of the pair since
-        (``Sums.bl``: a run that crawled no page and failed from errors). A blank run measured almost nothing (one
-        failed page of share, no pace): the pair is as unexplored as before, and its draws decide again at once. Any
-        other report keeps the lock until the recall age, or the budget goes to the same few pairs again and again
-        (measured: see docs/strategies.md). On the benchmarks' unlucky worlds a suited pair whose first run failed at
-        1 s could not be tried again before 20 s; its errors stopped at 3 to 8 s. Asked of the pairs a tick
-        considers only (:meth:`_expire` drops the lapsed ones in the order they were sent)."""
+        (the recall age: a run that has not reported by then is recalled), no blank run of the pair since
+        (``Sums.bl``: a run that crawled no page and failed from errors), and no run of the pair reported
+        :data:`EXPLORE_REST` seconds ago or more. A blank run measured almost nothing (one failed page of share, no
+        pace): the pair is as unexplored as before, and its draws decide again at once. Any other report keeps the
+        lock for :data:`EXPLORE_REST` seconds, or the budget goes to the same few pairs again and again (measured:
+        see docs/strategies.md); until the recall age, an exploration sent just before its pair turned good held
+        the pair for 20 s (the benchmarks' unlucky worlds) or 60 s (the default recall age). Asked of the pairs a
+        tick considers only (:meth:`_expire` drops the lapsed ones in the order they were sent)."""
         sent = self._exploring.get(key)
         if sent is None:
             return False
         if now - sent < self.explore_timeout:
             s = self._sums_of(key[0]).get(key[1]) if self._sums_of is not None else None
-            if s is None or s.bl <= sent:
+            if s is None or (s.bl <= sent and not sent < s.t <= now - EXPLORE_REST):
                 return True
         del self._exploring[key]
         return False
