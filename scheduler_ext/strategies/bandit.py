@@ -26,8 +26,8 @@ Per tick, over the window of waiting subtasks the control passes (priority order
    (and that step 3 would not pick) is an exploration. Explorations go first, best draw first, each costing its
    pages of the budget; a site no candidate has data on needs no budget (there is nothing to exploit). One exploration
    per pair is in flight at a time: until the pair's run reports blank, until a run of it reported
-   :data:`EXPLORE_REST` seconds ago, or for the recall age (:meth:`BanditAllocation._in_flight`). A pair last run before the site's latest change of treatment (any node's
-   ``Sums.cp``) is drawn from the prior, as untried;
+   :data:`EXPLORE_REST` seconds ago, or for the recall age (:meth:`BanditAllocation._in_flight`). A pair last
+   run before the site's latest change of treatment (any node's ``Sums.cp``) is drawn from the prior, as untried;
    so is any pair, with probability ``1 - exp(-H)`` for ``H`` the cluster's confirmed changes per pair since it
    was last seen (:class:`ChangeHazard`); a subtask that failed already explores only if no candidate
    is known to collect anything. Such a re-opened pair may also be explored once the budget is out, on what the
