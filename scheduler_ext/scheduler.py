@@ -155,6 +155,7 @@ class SubtaskScheduler:
         attach(crawler, self.tracker)
         # Requests waiting for the engine, one FIFO per politeness site, served round robin.
         self.queues: dict[str, deque[Request]] = {}
+        self._queued = 0  # requests in ``queues`` (asked for at every engine turn: kept, not summed)
         self._loops: list[Any] = []
         self._idle_since: float | None = None
         self._worked_at = time.monotonic()  # when the node last finished a subtask (or opened)
@@ -235,12 +236,13 @@ class SubtaskScheduler:
             return
         self.tracker.active.clear()
         self.queues.clear()
+        self._queued = 0
         if moved:
             self.stats.inc_value("schedext/subtasks/released", moved)
             logger.info("returned %d unfinished subtask(s) to waiting (%s)", moved, reason)
 
     def has_pending_requests(self) -> bool:
-        return any(self.queues.values())
+        return self._queued > 0
 
     def enqueue_request(self, request: Request) -> bool:
         site = request.meta.get(META_SITE)
@@ -248,6 +250,7 @@ class SubtaskScheduler:
             active = self.tracker.get(request.meta.get(META_SID))
             site = request.meta[META_SITE] = active.subtask.site if active else urlparse_cached(request).hostname
         self.queues.setdefault(site or "", deque()).append(request)
+        self._queued += 1
         return True
 
     def next_request(self) -> Request | None:
@@ -265,6 +268,7 @@ class SubtaskScheduler:
             request = None
             while queue and (polite is None or polite.allows(site)) and not self._slot_full(queue[0]):
                 candidate = queue.popleft()
+                self._queued -= 1
                 active, page = self.tracker.get(candidate.meta.get(META_SID)), candidate.meta.get(META_PAGE)
                 if active is not None and page is not None and active.moot(page):
                     self.stats.inc_value("schedext/pages/dropped")
@@ -291,7 +295,7 @@ class SubtaskScheduler:
         return slot is not None and len(slot.queue) >= max(1, slot.concurrency)
 
     def __len__(self) -> int:
-        return sum(len(q) for q in self.queues.values())
+        return self._queued
 
     # --- how much work is at hand ------------------------------------------------------------------------------
     def _in_downloader(self) -> Any:
