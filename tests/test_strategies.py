@@ -1039,6 +1039,27 @@ def test_bandit_explores_a_pair_again_a_rest_after_its_exploration_reported_not_
     assert again["fresh"] == 0 and again["rested"] > 5, again
 
 
+def test_bandit_draws_for_a_pair_whose_only_run_was_blank_even_above_the_floor() -> None:
+    # n1 is known good and free; n2's only run was blank (its first page an HTTP error): rated at 3/4 of the prior,
+    # above the floor, so the exploit matching always prefers n1, and without a draw n2 would never run a.com
+    # again (one unlucky world kept such a good pair unused for the rest of its run). Its draws decide, as an untried
+    # pair's would; n3, as well rated by runs that crawled, is left to the exploit matching.
+    blank = update_sums(None, pages_done=0, failed_pages=3, error_pages=3, offered=0, collected=0, seconds=0.3,
+                        alpha=0.3, failed=True, now=NOW)
+    crawled = update_sums(None, pages_done=4, failed_pages=0, offered=40, collected=28, seconds=0.53, alpha=0.3,
+                          now=NOW)
+    got = Counter()
+    for tick in range(60):
+        strategy = BanditAllocation(seed=tick)
+        for nid, sums in (("n2", blank), ("n3", crawled)):
+            est = SumsEstimates().runs("a.com", "n1", GOOD, GOOD, GOOD)
+            est.put("a.com", nid, sums)
+            posts, _ = strategy.posteriors("", "a.com", est, NOW + 1)
+            assert strategy.rate_floor * posts["n1"].mean <= posts[nid].mean < posts["n1"].mean, (nid, posts)
+            got[nid] += assigned(strategy.allocate([st("s1")], [node("n1"), node(nid)], est, NOW + 1)) == {"s1": nid}
+    assert got["n2"] > 5 and got["n3"] == 0, got
+
+
 def test_bandit_gives_work_to_a_node_that_would_start_it_at_once_before_queueing_it_behind_the_best() -> None:
     # n1 is the best on a.com (0.1 s a page), n2 nearly as good (0.12 s), n3 far slower (below the floor). Both n1
     # and n2 have free slots. With n1's crawl queue already holding AHEAD subtasks, the next go to n2, which would

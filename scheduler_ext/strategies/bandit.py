@@ -23,11 +23,12 @@ Per tick, over the window of waiting subtasks the control passes (priority order
 3. Exploit: a free candidate whose expected rate is at least ``SCHEDEXT_RATE_FLOOR`` of the best expected rate
    (late binding, as in the paper's strategy); after ``SCHEDEXT_PATIENCE`` seconds of waiting, any candidate.
 4. Explore: up to ``EXPLORE_SAMPLE`` free candidates are drawn; one whose Thompson draw beats the best expected rate
-   (and that step 3 would not pick) is an exploration. Explorations go first, best draw first, each costing its
-   pages of the budget; a site no candidate has data on needs no budget (there is nothing to exploit). One exploration
-   per pair is in flight at a time: until the pair's run reports blank, until a run of it reported
-   :data:`EXPLORE_REST` seconds ago, or for the recall age (:meth:`BanditAllocation._in_flight`). A pair last
-   run before the site's latest change of treatment (any node's ``Sums.cp``) is drawn from the prior, as untried;
+   (and that step 3 would not pick, unless the pair's only runs were blank) is an exploration. Explorations go
+   first, best draw first, each costing its pages of the budget; a site no candidate has data on needs no budget
+   (there is nothing to exploit). One exploration per pair is in flight at a time: until the pair's run reports
+   blank, until a run of it reported :data:`EXPLORE_REST` seconds ago, or for the recall age
+   (:meth:`BanditAllocation._in_flight`). A pair last run before the site's latest change of treatment (any
+   node's ``Sums.cp``) is drawn from the prior, as untried;
    so is any pair, with probability ``1 - exp(-H)`` for ``H`` the cluster's confirmed changes per pair since it
    was last seen (:class:`ChangeHazard`); a subtask that failed already explores only if no candidate
    is known to collect anything. Such a re-opened pair may also be explored once the budget is out, on what the
@@ -665,9 +666,10 @@ class BanditAllocation(Allocation):
                     continue  # avoided (or too slow: never for the bandit)
                 else:
                     known = site_rates.get(nid)
-                if known is not None and known >= floor and known > 0 or in_flight((st.site, nid), now):
-                    continue  # exploiting it would do, or it is being explored
                 s = seen = sums.get(nid)  # s: the evidence drawn from (None: the prior)
+                if (known is not None and known >= floor and known > 0 and (s is None or s.xp < s.pages)
+                        or in_flight((st.site, nid), now)):
+                    continue  # exploiting it would do (unless its only runs were blank), or it is being explored
                 if s is not None and s.t < site_change(sums):
                     s = None  # tried before the site changed how it treats some node: as good as untried
                 elif s is not None:
