@@ -21,8 +21,9 @@ waiting subtasks in priority order:
 Baselines: :class:`SharedAllocation` (any free node takes the next subtask in FIFO order, as with one shared
 scrapy-redis queue) and :class:`RoundRobinAllocation` (static: a task's subtasks always go to one node, chosen by
 task id). Every strategy honours ``avoid`` (the nodes a recalled subtask failed on) when another node is
-alive: that is part of what a recall means, not of how a strategy ranks nodes. The oracle baseline, which is
-told the truth, lives with the simulated web that knows it (product_crawl/oracle.py).
+alive: that is part of what a recall means, not of how a strategy ranks nodes (the bandit: when another node suited
+to the site is alive, :meth:`~scheduler_ext.strategies.bandit.BanditAllocation._avoidable`). The oracle baseline,
+which is told the truth, lives with the simulated web that knows it (product_crawl/oracle.py).
 """
 
 from __future__ import annotations

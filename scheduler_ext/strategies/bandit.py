@@ -16,7 +16,8 @@ averages, so that
 
 Per tick, over the window of waiting subtasks the control passes (priority order):
 
-1. Candidates: live nodes of the subtask's type, minus its ``avoid`` nodes unless no other is alive.
+1. Candidates: live nodes of the subtask's type, minus its ``avoid`` nodes unless no other node suited to the site
+   (rated at least the floor of its best) is alive (:meth:`BanditAllocation._avoidable`).
 2. Posterior of every candidate that has run on the site (busy ones included): served share from its runs on the
    site, pace from its runs for this product on the site when it has some. The prior of an untried pair is the
    best share and the best pace seen on the site (optimism), with the weight of three pages (about a failed run).
@@ -588,7 +589,7 @@ class BanditAllocation(Allocation):
             if not st.attempt and now - st.since < self.patience and not self._room(site):
                 continue  # as many of the site's subtasks offered as its free nodes can take (see _room)
             avoided = site.ranking.ids.intersection(st.avoid)
-            excluded = avoided if avoided != site.ranking.ids else set()  # none else alive: the avoided will do
+            excluded = avoided if avoided and self._avoidable(site, avoided) else set()
             runs_left = max(1, self.recall_max - st.attempt) if st.attempt > 0 else 0
             cls = self._class(site, st.group, excluded, estimates, now, classes, runs_left)  # found if made
             window.append((order, st, cls))
@@ -711,6 +712,29 @@ class BanditAllocation(Allocation):
             return True
         state[1] = i
         return False
+
+    def _avoidable(self, site: _Site, avoided: set[str]) -> bool:
+        """True if a recalled subtask of ``site`` keeps away from the nodes it failed on (``avoided``): another node
+        of its type is alive and, where some node is known to collect there, one rated at least
+        ``SCHEDEXT_RATE_FLOOR`` of the site's best is not among them, or the site's best (avoided) fails most of
+        its runs there (``(fl + 1/2) / (n + 1) > 1/2``: errors at the moment, as a node that just turned bad or
+        not yet good). A run fails on its first failed page, so a site's one good node fails a subtask now and then
+        (1 % of errors a page is one 10-page run in ten); sent away from it, the subtask waited for its patience
+        and went to a node that site does not suit (docs/strategies.md, "Avoid"). O(the avoided nodes) in the
+        site's ranking."""
+        if avoided == site.ranking.ids:
+            return False  # none else alive: the avoided will do
+        rows = site.ranking.by_rate
+        if not rows or rows[0][0] >= 0:
+            return True  # nobody known to collect anything there: any other node will do
+        cut, sums = self.rate_floor * rows[0][0], site.ranking.data[0]
+        for rate, _, nid in rows:  # best first (rows hold -rate)
+            if rate > cut:
+                break
+            if nid not in avoided:
+                return True
+        s = sums[rows[0][2]]  # the best, avoided: back to it only if it finishes most of its runs there
+        return (s.fl + 0.5) / (s.n + 1.0) > 0.5
 
     @staticmethod
     def _exploit(classes: list[_Class], free: dict[str, int], queued: Mapping[str, int]) -> list[tuple[Subtask, str]]:
