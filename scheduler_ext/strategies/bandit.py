@@ -667,10 +667,13 @@ class BanditAllocation(Allocation):
                     continue  # avoided (or too slow: never for the bandit)
                 else:
                     known = site_rates.get(nid)
+                if known is not None and known >= floor and known > 0:
+                    s = sums.get(nid)
+                    if s is None or s.xp < s.pages:
+                        continue  # exploiting it would do (unless its only runs were blank: drawn as untried)
+                if in_flight((st.site, nid), now):
+                    continue  # it is being explored
                 s = seen = sums.get(nid)  # s: the evidence drawn from (None: the prior)
-                if (known is not None and known >= floor and known > 0 and (s is None or s.xp < s.pages)
-                        or in_flight((st.site, nid), now)):
-                    continue  # exploiting it would do (unless its only runs were blank), or it is being explored
                 if s is not None and s.t < site_change(sums):
                     s = None  # tried before the site changed how it treats some node: as good as untried
                 elif s is not None:
