@@ -61,7 +61,7 @@ are mostly of sites whose nodes are busy, and the rest of them cost a lookup. O(
 tick; no (subtask x node) product.
 
 Settings: ``SCHEDEXT_RATE_FLOOR``, ``SCHEDEXT_PATIENCE``, ``SCHEDEXT_EXPLORE_SHARE``, ``SCHEDEXT_EXPLORE_PAGES``,
-``SCHEDEXT_ESTIMATE_HALF_LIFE``, ``SCHEDEXT_RECALL_THRESHOLD`` (how long an exploration counts as in flight),
+``SCHEDEXT_ESTIMATE_HALF_LIFE``, ``SCHEDEXT_RECALL_THRESHOLD`` (how long an exploration counts as in flight at most),
 ``SCHEDEXT_BANDIT_SEED``.
 """
 
