@@ -798,7 +798,7 @@ class _Decider:
         size = self.strat.window(total_free)
         if self.fresh:  # this tick's new subtasks compete in priority order, as Redis would order them
             window = sorted([*window, *self.fresh], key=lambda s: (s.priority, s.id))[:size]
-        window = window[:size]
+        window = [st for st in window[:size] if not self._backing_off(st)]
         if not window:
             return
         assignments = self._assignments(window, nodes)
@@ -825,6 +825,18 @@ class _Decider:
                 writes += [Write.hincrby(k.node_counters(st.prev_node), "moved_out"),
                            Write.hincrby(k.node_counters(nid), "moved_in")]
             self.decisions.append(Decision("allocate", [Guard.zrem(k.waiting, st.id)], writes, subject=st.id))
+
+    def _backing_off(self, st: Subtask) -> bool:
+        """True while a recalled subtask waits out the recall strategy's retry delay (from its recall, ``since``).
+        A strategy that fails or answers no number delays nothing: the subtask is offered as before."""
+        if not st.attempt:
+            return False
+        try:
+            delay = float(self.strat.recall.retry_delay(st))
+        except Exception:  # noqa: BLE001 - a plug-in's bug must not hold work back
+            logger.warning("recall strategy's retry_delay failed on %s; not delayed", st.id, exc_info=True)
+            return False
+        return delay > 0 and self.now < st.since + delay
 
     def _assignments(self, window: list[Subtask], nodes: list[NodeView]) -> list[tuple[Subtask, str]]:
         """The strategy's assignments; if it raises, each subtask alone, so that the one it fails on is

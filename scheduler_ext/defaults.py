@@ -54,6 +54,7 @@ DEFAULTS: dict[str, Any] = {
     "SCHEDEXT_LEASE_TTL": None,  # seconds a lease lasts after its last renewal; default the recall age
     "SCHEDEXT_NODE_TIMEOUT": None,  # seconds without heartbeat before a node is dead; default the recall age
     "SCHEDEXT_RECALL_MAX": 5,  # recalls before a subtask goes to the dead-letter list
+    "SCHEDEXT_RETRY_BACKOFF": 2.0,  # seconds; a subtask's 2nd recall waits this long before it runs again, doubling
     # --- estimates and strategies ------------------------------------------------------------------------
     "SCHEDEXT_ESTIMATE_ALPHA": 0.3,  # weight of the newest run in the moving estimates (0..1]
     "SCHEDEXT_EXPLORE_RUNS": 1,  # runs a (site, node) pair gets before its estimate is trusted

@@ -110,7 +110,8 @@ FAST_PROFILE = Path(__file__).resolve().parent / "profiles" / "fast.json"
 # Short intervals for process tests: settings, never sleeps, make the mechanisms fast.
 FAST_SETTINGS = {"SCHEDEXT_HEARTBEAT_INTERVAL": 0.5, "SCHEDEXT_REFILL_INTERVAL": 0.2, "SCHEDEXT_TICK_INTERVAL": 0.3,
                  "SCHEDEXT_STATS_FLUSH_INTERVAL": 1, "SCHEDEXT_LEADER_TTL": 2, "SCHEDEXT_RECALL_THRESHOLD": 4,
-                 "SCHEDEXT_LEASE_GRACE": 2, "SCHEDEXT_PATIENCE": 1, "PC_MONGO_BATCH_DELAY": 0.05, "LOG_LEVEL": "INFO"}
+                 "SCHEDEXT_LEASE_GRACE": 2, "SCHEDEXT_PATIENCE": 1, "SCHEDEXT_RETRY_BACKOFF": 0.5,
+                 "PC_MONGO_BATCH_DELAY": 0.05, "LOG_LEVEL": "INFO"}
 
 
 @pytest.fixture

@@ -42,6 +42,7 @@ def test_config_is_frozen() -> None:
     ("SCHEDEXT_EXPLORE_PAGES", -3, "SCHEDEXT_EXPLORE_PAGES: expected an integer >= 0, got -3"),
     ("SCHEDEXT_TICK_BATCH", "1.5", "SCHEDEXT_TICK_BATCH: expected an integer >= 1"),
     ("SCHEDEXT_TASK_LANES", 0, "SCHEDEXT_TASK_LANES: expected an integer >= 1, got 0"),
+    ("SCHEDEXT_RETRY_BACKOFF", -1, "SCHEDEXT_RETRY_BACKOFF: expected a number >= 0, got -1"),
     ("SCHEDEXT_RATE_FLOOR", 1.5, "SCHEDEXT_RATE_FLOOR: expected a number >= 0 and <= 1, got 1.5"),
     ("SCHEDEXT_RATE_FLOOR", "high", "SCHEDEXT_RATE_FLOOR: expected a number >= 0 and <= 1, got 'high'"),
     ("SCHEDEXT_ESTIMATE_ALPHA", 2, "SCHEDEXT_ESTIMATE_ALPHA: expected a number > 0 and <= 1"),

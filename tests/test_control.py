@@ -126,7 +126,7 @@ def test_failure_is_recalled_avoiding_the_node_then_dead_lettered_at_the_maximum
     inject(store, {"name": "p", "sites": ["a.com"]})
     for n in ("n1", "n2"):
         store.heartbeat(n, NODE_INFO, 30, [])
-    control = make_control(store, recall=DynamicRecall(threshold=30, max_recalls=3))
+    control = make_control(store, recall=DynamicRecall(threshold=30, max_recalls=3, backoff=0.0))
     k = store.keys
     control.tick()
     nodes_tried = []
@@ -322,6 +322,48 @@ def test_decide_is_a_function_of_the_snapshot_and_splits_then_allocates_in_one_t
     assert placed and placed[0][1] == keys.crawl("n1") and Subtask.from_json(placed[0][2]).site == "a.com"
 
 
+def test_a_subtask_recalled_again_waits_its_backoff_before_it_is_placed_then_goes_to_the_first_free_node() -> None:
+    """Failures in a burst (a site answering errors for a few seconds) must not spend a subtask's recalls within a
+    second: from its second recall on, a recalled subtask waits out the recall strategy's retry delay in waiting."""
+    from scheduler_ext.control import CountingIds, Snapshot, Strategies, decide
+    from scheduler_ext.strategies import NodeView
+
+    keys = Keys("{sim}")
+    strategies = Strategies(allocation=SharedAllocation(), modification=FixedModification(3, 20.0),
+                            recall=DynamicRecall(threshold=30, max_recalls=5, backoff=2.0), splitter=splitter)
+    recalled = [Subtask(f"s{a}", f"t{a}", "a.com", 0, 3, 20.0, attempt=a, since=100.0) for a in range(5)]
+
+    def placed(now: float) -> list[str]:
+        snap = Snapshot(keys=keys, now=now, estimates=NoEstimates(), ids=CountingIds(),
+                        waiting=[(st.id, st.to_json()) for st in recalled],
+                        nodes=[NodeView(id="n1", types=[0, 1], free=5)])
+        return [d.subject for d in decide(snap, strategies, now) if d.kind == "allocate"]
+
+    assert placed(100.0) == ["s0", "s1"]  # never recalled, recalled once: at once
+    assert placed(101.9) == ["s0", "s1"]
+    assert placed(102.0) == ["s0", "s1", "s2"]  # recalled twice: 2 s
+    assert placed(103.9) == ["s0", "s1", "s2"]
+    assert placed(104.0) == ["s0", "s1", "s2", "s3"]  # three times: 4 s
+    assert placed(108.0) == ["s0", "s1", "s2", "s3", "s4"]  # four times: 8 s
+
+
+def test_a_recall_strategy_whose_retry_delay_fails_holds_nothing_back() -> None:
+    from scheduler_ext.control import CountingIds, Snapshot, Strategies, decide
+    from scheduler_ext.strategies import NodeView
+
+    class Broken(DynamicRecall):
+        def retry_delay(self, subtask: Subtask) -> float:
+            raise RuntimeError("a plug-in's bug")
+
+    keys = Keys("{sim}")
+    st = Subtask("s3", "t3", "a.com", 0, 3, 20.0, attempt=3, since=100.0)
+    snap = Snapshot(keys=keys, now=100.0, estimates=NoEstimates(), ids=CountingIds(),
+                    waiting=[(st.id, st.to_json())], nodes=[NodeView(id="n1", types=[0, 1], free=1)])
+    strategies = Strategies(allocation=SharedAllocation(), modification=FixedModification(3, 20.0),
+                            recall=Broken(), splitter=splitter)
+    assert [d.subject for d in decide(snap, strategies, 100.0) if d.kind == "allocate"] == ["s3"]
+
+
 def test_estimates_are_kept_across_ticks_and_only_changed_fields_are_read_again(store: Store) -> None:
     inject(store, {"name": "p", "sites": ["a.com"]}, {"name": "q", "sites": ["a.com"]})
     store.heartbeat("n1", NODE_INFO, 30, [])
@@ -489,7 +531,7 @@ def test_lanes_crawl_every_page_once_whatever_the_order_cuts_and_caps(store: Sto
     store.heartbeat("n1", {**NODE_INFO, "prefetch": 8}, 30, [])
     caps = _Caps(cap=lambda s: s.capped(rng.randint(1, s.page_limit)) if rng.random() < 0.4 else s)
     control = make_control(store, lanes=rng.choice([2, 3]), allocation=caps,
-                           recall=DynamicRecall(threshold=30, max_recalls=100))
+                           recall=DynamicRecall(threshold=30, max_recalls=100, backoff=0.0))
     crawled: list[int] = []
     reported = 0  # results of the runs that did not fail (a failed run's are stored, not counted on the task)
     for _ in range(200):

@@ -550,6 +550,14 @@ def test_dynamic_recall_runs_a_subtask_exactly_max_times(max_recalls: int, faile
     assert executions == max_recalls
 
 
+def test_dynamic_recall_retries_at_once_then_backs_off_doubling_up_to_the_recall_age() -> None:
+    recall = DynamicRecall(threshold=20.0, max_recalls=8, backoff=2.0)
+    delays = [recall.retry_delay(Subtask(**{**st("s1").__dict__, "attempt": a})) for a in range(8)]
+    assert delays == [0.0, 0.0, 2.0, 4.0, 8.0, 16.0, 20.0, 20.0]
+    assert DynamicRecall(backoff=0.0).retry_delay(Subtask(**{**st("s1").__dict__, "attempt": 4})) == 0.0
+    assert NoRecall().retry_delay(st("s1")) == 0.0  # the base class: at once
+
+
 def test_dynamic_recall_boundary() -> None:
     recall = DynamicRecall(max_recalls=5)
     assert recall.decide(st("s1"), "n1", "x", failed=True) is RecallDecision.REQUEUE
@@ -604,6 +612,7 @@ def test_load_strategy_builds_defaults_and_reads_settings() -> None:
             "SCHEDEXT_ESTIMATE_HALF_LIFE": 45,
             "SCHEDEXT_EXPLORE_SHARE": 0.05,
             "SCHEDEXT_EXPLORE_PAGES": 2,
+            "SCHEDEXT_RETRY_BACKOFF": 5,
         }
     )
     alloc = load_strategy(crawler, "SCHEDEXT_ALLOCATION")  # the default: the bandit
@@ -622,6 +631,7 @@ def test_load_strategy_builds_defaults_and_reads_settings() -> None:
         assert load_strategy(set_floor, "SCHEDEXT_ALLOCATION").rate_floor == 0.75
     recall = load_strategy(crawler, "SCHEDEXT_RECALL")
     assert isinstance(recall, DynamicRecall) and (recall.threshold, recall.max_recalls) == (90.0, 3)
+    assert recall.backoff == 5.0
     mod = load_strategy(crawler, "SCHEDEXT_MODIFICATION")
     assert isinstance(mod, RelativeModification) and mod.base_pages == 8 and mod.budget == 45.0
     crawler = get_crawler(

@@ -120,6 +120,11 @@ class Recall(abc.ABC):
     def decide(self, subtask: Subtask, node: str | None, reason: str, *, failed: bool) -> RecallDecision:
         """``failed`` is True for a failure report, False for a lapsed lease / stale queue entry / dead node."""
 
+    def retry_delay(self, subtask: Subtask) -> float:
+        """Seconds a recalled subtask (``attempt`` > 0) waits in ``waiting`` from its recall (``since``) before
+        allocation may place it again. 0 (the default): at once."""
+        return 0.0
+
 
 STRATEGY_SETTINGS = {"SCHEDEXT_ALLOCATION": Allocation, "SCHEDEXT_MODIFICATION": Modification,
                      "SCHEDEXT_RECALL": Recall}
