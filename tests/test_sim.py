@@ -543,6 +543,25 @@ def test_waiting_offers_a_requeued_subtask_once() -> None:
     assert [entry[3].attempt for entry in sim._window(10)] == [19]
 
 
+def test_a_tick_that_starts_the_instant_the_last_one_ends_reads_its_writes_first() -> None:
+    """A tick whose cost ends it at the very time of the next tick (or wake) event: the next tick must not take the
+    window before the last one's subtasks went back to waiting (they were lost from the heap: on a churn world a
+    window of 32 subtasks never ran again)."""
+    world = generate("specialists", nodes=2, sites=1, duration=10, seed=0)
+    allocation, modification, recall = CONFIGS["bandit"](0)
+    sim = Simulation(world, world.nodes, [], allocation=allocation, modification=modification, recall=recall,
+                     duration=10, control=ControlModel(base=0.25, per_entry=0.0))
+    backing_off = Subtask(id="7", task="1", site="s0.example", first_page=0, page_limit=5, time_limit=30.0,
+                          attempt=3, since=0.0)  # recalled three times: waits 4 s, so it stays in the window
+    sim._wait(backing_off)
+    sim._tick()
+    assert [entry[3].id for entry in sim._pending[1]] == ["7"] and not sim.waiting
+    sim.now = sim._ticked  # the next tick starts as this one's writes land
+    sim._tick()
+    sim._applied()
+    assert [entry[3].id for entry in sim.waiting] == ["7"] and sim.subtasks == {"7": backing_off}
+
+
 def test_a_task_with_more_lanes_has_more_of_its_pages_crawled_at_once() -> None:
     """One long query and two nodes with slots to spare: with one lane (the paper's model) a subtask at a time
     crawls it; with two or three (the control's SCHEDEXT_TASK_LANES, the same decide code) as many at once."""

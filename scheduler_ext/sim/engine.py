@@ -343,6 +343,8 @@ class Simulation:
         tick's end (:class:`ControlModel`). Skipped while the previous tick runs, as the real control skips it."""
         if self.now < self._ticked:
             return
+        if self._pending[0] or self._pending[1]:  # the last tick ended now too: its writes land before this reads
+            self._applied()
         self._adapt_prefetch()
         nodes = self.live_nodes()
         total_free = sum(n.free for n in nodes)
