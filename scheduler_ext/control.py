@@ -390,6 +390,19 @@ def _is_utf8(raw: str) -> bool:
     return True
 
 
+def backing_off(recall: Recall, st: Subtask, now: float) -> bool:
+    """True while a recalled subtask waits out ``recall``'s retry delay (from its recall, ``since``): allocation
+    leaves it in ``waiting``. A strategy that fails or answers no number delays nothing."""
+    if not st.attempt:
+        return False
+    try:
+        delay = float(recall.retry_delay(st))
+    except Exception:  # noqa: BLE001 - a plug-in's bug must not hold work back
+        logger.warning("recall strategy's retry_delay failed on %s; not delayed", st.id, exc_info=True)
+        return False
+    return delay > 0 and now < st.since + delay
+
+
 def _reason(exc: BaseException) -> str:
     """A dead letter's reason: our own errors as they are, anything else with its type (a bug or a bad plug-in)."""
     if isinstance(exc, (InvalidInput, ConfigurationError)):
@@ -797,8 +810,10 @@ class _Decider:
                                                note=str(exc)))
         size = self.strat.window(total_free)
         if self.fresh:  # this tick's new subtasks compete in priority order, as Redis would order them
-            window = sorted([*window, *self.fresh], key=lambda s: (s.priority, s.id))[:size]
-        window = [st for st in window[:size] if not self._backing_off(st)]
+            window = sorted([*window, *self.fresh], key=lambda s: (s.priority, s.id))
+        # Subtasks waiting out their retry delay take no room: the window is the first ``size`` that may be placed
+        # (the control reads as many more ids as the last tick held back).
+        window = [st for st in window if not backing_off(self.strat.recall, st, self.now)][:size]
         if not window:
             return
         assignments = self._assignments(window, nodes)
@@ -825,18 +840,6 @@ class _Decider:
                 writes += [Write.hincrby(k.node_counters(st.prev_node), "moved_out"),
                            Write.hincrby(k.node_counters(nid), "moved_in")]
             self.decisions.append(Decision("allocate", [Guard.zrem(k.waiting, st.id)], writes, subject=st.id))
-
-    def _backing_off(self, st: Subtask) -> bool:
-        """True while a recalled subtask waits out the recall strategy's retry delay (from its recall, ``since``).
-        A strategy that fails or answers no number delays nothing: the subtask is offered as before."""
-        if not st.attempt:
-            return False
-        try:
-            delay = float(self.strat.recall.retry_delay(st))
-        except Exception:  # noqa: BLE001 - a plug-in's bug must not hold work back
-            logger.warning("recall strategy's retry_delay failed on %s; not delayed", st.id, exc_info=True)
-            return False
-        return delay > 0 and self.now < st.since + delay
 
     def _assignments(self, window: list[Subtask], nodes: list[NodeView]) -> list[tuple[Subtask, str]]:
         """The strategy's assignments; if it raises, each subtask alone, so that the one it fails on is
@@ -928,6 +931,7 @@ class Control:
         self._window: dict[str, tuple[str | None, Subtask | None]] = {}  # last tick's window: id -> record, decoded
         self._slots: dict[str, int] = {}  # last tick's live nodes -> crawl-queue slots (what the next one asks)
         self._free = 0  # last tick's free slots
+        self._held = 0  # subtasks of last tick's window waiting out their retry delay: read as many more ids
         self._registry: dict[str, tuple[str | None, NodeView | None, int]] = {}  # node -> entry, view, slots
         self.now = 0.0  # Redis time at the start of the current tick
         self.is_leader = False
@@ -995,7 +999,7 @@ class Control:
         # The window to read with the snapshot, before the free slots are known: about the last tick's free slots
         # (a busy cluster frees a few per tick), never more than all the slots; one more round trip if short.
         guess = min(sum(slots.values()), self._free + max(16, self._free // 8))
-        asked = self.strategies.window(guess) if slots else 0
+        asked = self.strategies.window(guess) + self._held if slots else 0
         t = store.snapshot(batch=batch, max_bytes=self.max_entry_bytes, recall_age=self.recall_age,
                            node_timeout=self.node_timeout, window=asked, nodes=list(slots))
         now = self.now = t.now  # one Redis time per tick: the time stamps of its decisions
@@ -1009,7 +1013,7 @@ class Control:
             entries.update(zip(joined, store.node_entries(joined), strict=True))
         snap.nodes = self._views(t.live, entries)
         total_free = self._free = sum(n.free for n in snap.nodes)
-        size = self.strategies.window(total_free) if total_free else 0
+        size = self.strategies.window(total_free) + self._held if total_free else 0
         ids = t.window[:size]
         if len(ids) < size and len(t.window) == asked:  # more slots free than guessed: read the whole window
             ids = r.zrange(k.waiting, 0, size - 1)
@@ -1034,6 +1038,8 @@ class Control:
                        for node, queue in zip(t.silent, silent_queues, strict=True)]
         if total_free:
             snap.waiting, snap.parsed = self._read_window(ids, dict(zip(new, records, strict=False)))
+            held = sum(backing_off(self.strategies.recall, st, now) for st in snap.parsed.values())
+            self._held = min(held, batch)  # an outage's many retries cost at most a batch of ids more a tick
             # What allocation will ask for, of the subtasks new to the window (the others' were read with them).
             pairs = {(st.group, st.site) for sid in new if (st := self._window[sid][1]) is not None}
             self.estimates.prefetch({site for _, site in pairs}, pairs)

@@ -347,6 +347,24 @@ def test_a_subtask_recalled_again_waits_its_backoff_before_it_is_placed_then_goe
     assert placed(108.0) == ["s0", "s1", "s2", "s3", "s4"]  # four times: 8 s
 
 
+def test_subtasks_waiting_out_their_retry_delay_take_no_room_in_the_window() -> None:
+    """An outage recalls many subtasks at once, first in priority order: the window is the first subtasks that
+    may be placed, not the first waiting ones, so the work behind them goes on."""
+    from scheduler_ext.control import CountingIds, Snapshot, Strategies, decide
+    from scheduler_ext.strategies import NodeView
+
+    keys = Keys("{sim}")
+    held = [Subtask(f"h{i}", f"t{i}", "a.com", 0, 3, 20.0, attempt=2, since=100.0, priority=i) for i in range(3)]
+    ready = Subtask("r", "t9", "a.com", 0, 3, 20.0, priority=9)
+    snap = Snapshot(keys=keys, now=100.0, estimates=NoEstimates(), ids=CountingIds(),
+                    waiting=[(x.id, x.to_json()) for x in (*held, ready)],
+                    nodes=[NodeView(id="n1", types=[0, 1], free=1)])
+    strategies = Strategies(allocation=SharedAllocation(), modification=FixedModification(3, 20.0),
+                            recall=DynamicRecall(threshold=30, max_recalls=5, backoff=2.0), splitter=splitter,
+                            window=lambda free: 1)
+    assert [d.subject for d in decide(snap, strategies, 100.0) if d.kind == "allocate"] == ["r"]
+
+
 def test_a_recall_strategy_whose_retry_delay_fails_holds_nothing_back() -> None:
     from scheduler_ext.control import CountingIds, Snapshot, Strategies, decide
     from scheduler_ext.strategies import NodeView

@@ -58,7 +58,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..config import ready_pages
-from ..control import CountingIds, Decision, Entry, Snapshot, Strategies, decide
+from ..control import CountingIds, Decision, Entry, Snapshot, Strategies, backing_off, decide
 from ..keys import Keys
 from ..models import Report, Subtask, Task, resume_page
 from ..strategies import Allocation, Modification, NodeView, Recall
@@ -190,6 +190,7 @@ class Simulation:
         self.duration, self.tick, self.wake = duration, tick, wake
         self._ticked = -math.inf  # when the last tick ended (its decisions applied)
         self.control = control or ControlModel()
+        self._held = 0  # subtasks of the last window waiting out their retry delay (control.backing_off)
         self.batch = batch  # reports, failures and lost subtasks read a tick at most (SCHEDEXT_TICK_BATCH)
         # the decisions of the tick in progress and the window it took, applied at its end
         self._pending: tuple[list[Decision], list[tuple[float, int, int, Subtask]]] = ([], [])
@@ -351,7 +352,7 @@ class Simulation:
         if self._nothing_to_decide(total_free):
             self._end_tick(self.control.cost(len(nodes), 0, 0, 0), [], [])
             return
-        size = self.strategies.window(total_free) if total_free else 0
+        size = self.strategies.window(total_free) + self._held if total_free else 0
         self._fill(size)
         batch = self.batch
         reports, self.reports = self.reports[:batch], self.reports[batch:]
@@ -361,6 +362,8 @@ class Simulation:
             _, st = self.lost.pop(0)
             stale.append((st.id, st.to_json()))
         window = self._window(size)
+        # as the control: read as many more ids next tick as this window holds subtasks waiting out a retry delay
+        self._held = min(self.batch, sum(backing_off(self.strategies.recall, e[3], self.now) for e in window))
         snap = self._snapshot(reports, failures, stale, nodes, [entry[3] for entry in window])
         self.estimates.read()
         decisions = list(decide(snap, self.strategies, self.now))
