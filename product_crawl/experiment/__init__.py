@@ -35,7 +35,7 @@ def run_experiment(opts: Options, *, redis_url: str = "", mongo_uri: str = "", p
     configuration ``opts.repeat`` times). Returns the summary and the report's path. The raw samples of each run
     (the first seed's, simulated) are kept in ``raw/<name>.json``.
     """
-    from product_crawl.experiment.machine import Costs, MachineError, cheapest, machine_processes, measure
+    from product_crawl.experiment.machine import Costs, MachineError, fastest, machine_processes, measure
     from product_crawl.experiment.report import write_html, write_plots
     from product_crawl.experiment.sim import simulate_configuration
     from product_crawl.experiment.summary import summarize
@@ -81,7 +81,7 @@ def run_experiment(opts: Options, *, redis_url: str = "", mongo_uri: str = "", p
     machine: dict[str, Any] | None = None
     if measuring:
         measure_machine("after")
-        machine = {"costs": cheapest([costs for _, costs, _ in measured]),
+        machine = {"costs": fastest([windows for _, _, windows in measured]),
                    "windows": [{"when": when, **w} for when, _, windows in measured for w in windows],
                    "measured": [{"when": when, **dataclasses.asdict(costs)} for when, costs, _ in measured]}
     summary = summarize(raws, opts, totals, repeats, machine)
