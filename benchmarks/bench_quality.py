@@ -12,8 +12,11 @@ items / best possible, bandit / paper, bandit / fifo, and for the families where
 pair turning good to its first run (only pairs that the best schedule uses once they are good: ``turned_good`` of
 scheduler_ext.sim.bound.best_possible), over all such pairs and over those at least
 :data:`scheduler_ext.sim.bound.CLEARLY` times as good as the node's best other site then (the bound picks one pair
-among near-ties; a node busy on a site as good loses nothing by finding the new pair later). ``scrapy experiment``
-reports the same for its runs (summary.json ``good_pairs``).
+among near-ties; a node busy on a site as good loses nothing by finding the new pair later). A pair never used
+waited as long as its site had work: until the last run any node started there (a site whose work ends soon
+after leaves little to find the pair for); if no node ran its site after the pair turned good, the site's work was
+over and the pair is left out and counted (``good_pairs_after_their_sites_work``). ``scrapy experiment`` reports
+the same for its runs (summary.json ``good_pairs``, where a pair never used counts as the rest of the run).
 
 ``--scale`` also times runs of 1,000 nodes x 200 sites x 10,000 products (``--scale-duration`` simulated seconds,
 default 600; ``86400`` runs the day itself), one per configuration of ``--scale-configs`` (default bandit,fifo): the
@@ -61,6 +64,23 @@ def tasks_for(world: GeneratedWorld, products: int, seed: int):  # type: ignore[
     return lambda: (TaskSpec(f"p{p}", s, sizes[(p, s)]) for p in range(products) for s in world.sites)
 
 
+def use_delays(first_use: dict[str, list[float]], needed: list[tuple[str, str, float, bool]]) -> list[float | None]:
+    """Seconds from each pair of ``needed`` (node, site, when it turned good, clear) turning good to its first run
+    (``first_use``: "node|site" -> run starts). A pair never used waited as long as its site had work: until the last
+    run any node started there; if no node ran its site from then on, the site's work was over (or dead-lettered)
+    and the pair is None (left out)."""
+    last_run: dict[str, float] = {}
+    for key, starts in first_use.items():
+        site = key.split("|", 1)[1]
+        last_run[site] = max(last_run.get(site, 0.0), max(starts, default=0.0))
+    delays: list[float | None] = []
+    for node, site, when, _ in needed:
+        starts = [t for t in first_use.get(f"{node}|{site}", []) if t >= when]
+        delays.append(starts[0] - when if starts else None if last_run.get(site, -1.0) < when
+                      else last_run[site] - when)
+    return delays
+
+
 def one_world(family: str, args: argparse.Namespace, seed: int) -> dict[str, Any]:
     world = generate(family, nodes=args.nodes, sites=args.sites, duration=args.duration, seed=seed)
     tasks = tasks_for(world, args.products, seed)
@@ -78,11 +98,7 @@ def one_world(family: str, args: argparse.Namespace, seed: int) -> dict[str, Any
                          recall=recall, duration=args.duration, seed=seed, sample_interval=30,
                          lanes=args.lanes).run()
         out["items"][name] = raw["samples"][-1]["items"]
-        delays = []
-        for node, site, when, _ in needed:
-            starts = [t for t in raw["first_use"].get(f"{node}|{site}", []) if t >= when]
-            delays.append(starts[0] - when if starts else args.duration - when)
-        out["delays"][name] = delays
+        out["delays"][name] = use_delays(raw["first_use"], needed)
     return out
 
 
@@ -185,12 +201,14 @@ def main() -> None:
             "paper_vs_fifo": quantiles([w["items"]["paper"] / w["items"]["fifo"] for w in worlds]),
             "seconds": round(time.monotonic() - started, 1),
         }
-        delays = {n: [d for w in worlds for d in w["delays"][n]] for n in names}
+        delays = {n: [d for w in worlds for d in w["delays"][n] if d is not None] for n in names}
         if any(delays.values()):
             summary["delay_to_use_good_pair"] = {n: quantiles(d) for n, d in delays.items()}
             summary["delay_to_use_clearly_better_pair"] = {
-                n: quantiles([d for w in worlds for d, c in zip(w["delays"][n], w["clear"], strict=True) if c])
-                for n in names}
+                n: quantiles([d for w in worlds for d, c in zip(w["delays"][n], w["clear"], strict=True)
+                              if c and d is not None]) for n in names}
+            summary["good_pairs_after_their_sites_work"] = {
+                n: sum(d is None for w in worlds for d in w["delays"][n]) for n in names}
         result["families"][family] = summary
         vb = summary["vs_best"]
         print(f"{family:12s} vs best (median) " + "  ".join(f"{n} {vb[n]['median']:.2f}" for n in names)

@@ -742,3 +742,18 @@ def test_diag_pairs_charges_each_page_its_latency_by_the_pairs_worth_at_the_time
     assert (out["best_pages"], out["other_pages"], out["poor_pages"]) == (10, 10, 6)
     seconds = 10 * 0.10 + 10 * 0.15 + 2 * 0.7 + 4 * 0.7
     assert out["best_slot_share"] == round(1.0 / seconds, 3) and out["mean_latency"] == round(seconds / 26, 4)
+
+
+def test_bench_quality_counts_a_good_pair_never_used_as_waiting_while_its_site_had_work() -> None:
+    import importlib.util
+
+    path = Path(__file__).resolve().parent.parent / "benchmarks" / "bench_quality.py"
+    spec = importlib.util.spec_from_file_location("bench_quality", path)
+    assert spec is not None and spec.loader is not None
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    first_use = {"n0|a": [1.0, 12.0, 30.0], "n1|a": [5.0, 40.0], "n1|b": [2.0, 8.0], "n0|b": [3.0]}
+    needed = [("n0", "a", 10.0, True),   # used at 12 s: 2 s
+              ("n2", "a", 20.0, True),   # never used; n0 and n1 ran a until 40 s: it waited 20 s
+              ("n2", "b", 9.0, False)]   # never used, but nobody ran b after 9 s: its work was over
+    assert bench.use_delays(first_use, needed) == [2.0, 20.0, None]
