@@ -96,8 +96,10 @@ AHEAD = 2
 #: look weighs less than the prior: a pair seen bad once kept an expected rate above the floor, was neither explored
 #: nor exploited, and on bench_quality's drift worlds some pairs that turned good were not used for minutes.
 EXPLORE_PAGES = CHANGE_PAGES
-#: Free candidates drawn per subtask for exploration: bounds the cost of a tick whatever the cluster's size.
-EXPLORE_SAMPLE = 8
+#: Free candidates drawn per subtask for exploration: bounds the cost of a tick whatever the cluster's size. 16, not 8
+#: (2026-12-04): at 30 nodes x 10 sites a drifted pair waited for its node to be among the 8 drawn, up to 30 s before
+#: its first use (16: 11 s); at 1,000 nodes 12 % more CPU and 4 % more items (docs/experiment.md).
+EXPLORE_SAMPLE = 16
 #: Fresh subtasks of a site weighed beyond what its free eligible nodes can take (:meth:`BanditAllocation._room`): for
 #: explorations.
 EXPLORE_ROOM = 2
