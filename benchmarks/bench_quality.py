@@ -5,18 +5,18 @@ possible, on generated families of profiles (scheduler_ext/sim/families.py), wit
                                        [--seed-start 0] [--families all] [--scale] [--scale-delay 0]
                                        [--out benchmarks/results/bench_quality.json]
 
-For every family and seed (``--seeds`` of them from ``--seed-start``: a second set of worlds to check a result
-found on the first): one generated world, each configuration of scheduler_ext.sim.configs simulated on it
-(same tasks, same seed), and the bound (scheduler_ext.sim.bound). Reported per family: quantiles over seeds of
-items / best possible, bandit / paper, bandit / fifo, and for the families where pairs turn good, the delay from a
-pair turning good to its first run (only pairs that the best schedule uses once they are good: ``turned_good`` of
-scheduler_ext.sim.bound.best_possible), over all such pairs and over those at least
+For every family and seed (``--seeds`` of them from ``--seed-start``: a second set of worlds to check a result found
+on the first): one generated world, each configuration of scheduler_ext.sim.configs simulated on it (same tasks, same
+seed), and the bound (scheduler_ext.sim.bound). Reported per family: quantiles over seeds of items / best possible,
+bandit / paper, bandit / fifo, subtasks dead-lettered a world, and for the families where pairs turn good, the delay
+from a pair turning good to its first run (only pairs that the best schedule uses once they are good: ``turned_good``
+of scheduler_ext.sim.bound.best_possible), over all such pairs and over those at least
 :data:`scheduler_ext.sim.bound.CLEARLY` times as good as the node's best other site then (the bound picks one pair
-among near-ties; a node busy on a site as good loses nothing by finding the new pair later). A pair never used
-waited as long as its site had work: until the last run any node started there (a site whose work ends soon
-after leaves little to find the pair for); if no node ran its site after the pair turned good, the site's work was
-over and the pair is left out and counted (``good_pairs_after_their_sites_work``). ``scrapy experiment`` reports
-the same for its runs (summary.json ``good_pairs``, where a pair never used counts as the rest of the run).
+among near-ties; a node busy on a site as good loses nothing by finding the new pair later). A pair never used waited
+as long as its site had work: until the last run any node started there (a site whose work ends soon after leaves
+little to find the pair for); if no node ran its site after the pair turned good, the site's work was over and the
+pair is left out and counted (``good_pairs_after_their_sites_work``). ``scrapy experiment`` reports the same for its
+runs (summary.json ``good_pairs``, where a pair never used counts as the rest of the run).
 
 ``--scale`` also times runs of 1,000 nodes x 200 sites x 10,000 products (``--scale-duration`` simulated seconds,
 default 600; ``86400`` runs the day itself), one per configuration of ``--scale-configs`` (default bandit,fifo): the
@@ -91,13 +91,15 @@ def one_world(family: str, args: argparse.Namespace, seed: int) -> dict[str, Any
     bound = best["items"]
     needed = best["turned_good"]
     clear = [c for _, _, _, c in needed]
-    out: dict[str, Any] = {"bound": bound, "items": {}, "delays": {}, "clear": clear}
+    out: dict[str, Any] = {"bound": bound, "items": {}, "delays": {}, "clear": clear, "dead": {},
+                           "tasks": len(specs)}
     for name, make in CONFIGS.items():
         allocation, modification, recall = make(seed)
         raw = Simulation(world, world.nodes, tasks(), allocation=allocation, modification=modification,
                          recall=recall, duration=args.duration, seed=seed, sample_interval=30,
                          lanes=args.lanes).run()
         out["items"][name] = raw["samples"][-1]["items"]
+        out["dead"][name] = sum(n["counts"].get("dead", 0) for n in raw["status"]["nodes"])
         out["delays"][name] = use_delays(raw["first_use"], needed)
     return out
 
@@ -199,6 +201,9 @@ def main() -> None:
             "bandit_vs_paper": quantiles([w["items"]["bandit"] / w["items"]["paper"] for w in worlds]),
             "bandit_vs_fifo": quantiles([w["items"]["bandit"] / w["items"]["fifo"] for w in worlds]),
             "paper_vs_fifo": quantiles([w["items"]["paper"] / w["items"]["fifo"] for w in worlds]),
+            # subtasks dead-lettered a world (each stops its task and waits for a person: scrapy deadletter list)
+            "dead_letters": {n: quantiles([w["dead"][n] for w in worlds]) for n in names},
+            "tasks": worlds[0]["tasks"] if worlds else 0,
             "seconds": round(time.monotonic() - started, 1),
         }
         delays = {n: [d for w in worlds for d in w["delays"][n] if d is not None] for n in names}
@@ -214,7 +219,9 @@ def main() -> None:
         print(f"{family:12s} vs best (median) " + "  ".join(f"{n} {vb[n]['median']:.2f}" for n in names)
               + f"   bandit/paper {summary['bandit_vs_paper']['median']:.2f} "
               f"[{summary['bandit_vs_paper']['min']:.2f}..{summary['bandit_vs_paper']['max']:.2f}]"
-              f"   bandit/fifo {summary['bandit_vs_fifo']['median']:.2f}   ({summary['seconds']} s)", flush=True)
+              f"   bandit/fifo {summary['bandit_vs_fifo']['median']:.2f}   dead letters a world (median) "
+              + " ".join(f"{n} {summary['dead_letters'][n]['median']:g}" for n in names)
+              + f" of {summary['tasks']} tasks   ({summary['seconds']} s)", flush=True)
         for key in ("delay_to_use_good_pair", "delay_to_use_clearly_better_pair"):
             q = summary.get(key, {}).get("bandit")
             if q:
