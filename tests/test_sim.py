@@ -720,16 +720,22 @@ def test_the_paper_profiles_best_schedule_puts_each_node_on_its_fastest_site() -
                                   "node4": "cca.org.cn"} for plan in plans)
 
 
-def test_diag_pairs_charges_each_page_its_latency_by_the_pairs_worth_at_the_time() -> None:
+def _benchmark(name: str) -> Any:
+    """A script of ``benchmarks/`` loaded as a module."""
     import importlib.util
 
+    spec = importlib.util.spec_from_file_location(name, Path(__file__).resolve().parent.parent / "benchmarks"
+                                                  / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_diag_pairs_charges_each_page_its_latency_by_the_pairs_worth_at_the_time() -> None:
     from product_crawl.simweb.profile import load_profile
 
-    path = Path(__file__).resolve().parent.parent / "benchmarks" / "diag_pairs.py"
-    spec = importlib.util.spec_from_file_location("diag_pairs", path)
-    assert spec is not None and spec.loader is not None
-    diag = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(diag)
+    diag = _benchmark("diag_pairs")
     sites = ["12315.com", "315tousu.org", "t.163.com", "cca.org.cn", "weibo.com"]
     # node1: 10 pages on its best site (0.10 s), 10 on a suited one (0.15 s), 2 on weibo.com (0.7 s); then, after
     # t.163.com turned bad for it at 40 s, 4 pages there (0.7 s)
@@ -745,13 +751,7 @@ def test_diag_pairs_charges_each_page_its_latency_by_the_pairs_worth_at_the_time
 
 
 def test_bench_quality_counts_a_good_pair_never_used_as_waiting_while_its_site_had_work() -> None:
-    import importlib.util
-
-    path = Path(__file__).resolve().parent.parent / "benchmarks" / "bench_quality.py"
-    spec = importlib.util.spec_from_file_location("bench_quality", path)
-    assert spec is not None and spec.loader is not None
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = _benchmark("bench_quality")
     first_use = {"n0|a": [1.0, 12.0, 30.0], "n1|a": [5.0, 40.0], "n1|b": [2.0, 8.0], "n0|b": [3.0]}
     needed = [("n0", "a", 10.0, True),   # used at 12 s: 2 s
               ("n2", "a", 20.0, True),   # never used; n0 and n1 ran a until 40 s: it waited 20 s
