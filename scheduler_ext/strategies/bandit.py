@@ -96,10 +96,11 @@ AHEAD = 2
 #: look weighs less than the prior: a pair seen bad once kept an expected rate above the floor, was neither explored
 #: nor exploited, and on bench_quality's drift worlds some pairs that turned good were not used for minutes.
 EXPLORE_PAGES = CHANGE_PAGES
-#: Free candidates drawn per subtask for exploration: bounds the cost of a tick whatever the cluster's size. 16, not 8
-#: (2026-12-04): at 30 nodes x 10 sites a drifted pair waited for its node to be among the 8 drawn, up to 30 s before
-#: its first use (16: 11 s); at 1,000 nodes 12 % more CPU and 4 % more items (docs/experiment.md).
-EXPLORE_SAMPLE = 16
+#: Free candidates drawn per subtask for exploration: bounds the cost of a tick whatever the cluster's size. A site's
+#: first subtask in a call draws twice as many (2026-12-04): at 30 nodes x 10 sites a drifted pair waited for its
+#: node to be drawn, up to 30 s before its first use (20 s now; 16 for every subtask: 11 s, but a 1,000-node tick's
+#: allocation half as long again; docs/experiment.md).
+EXPLORE_SAMPLE = 8
 #: Fresh subtasks of a site weighed beyond what its free eligible nodes can take (:meth:`BanditAllocation._room`): for
 #: explorations.
 EXPLORE_ROOM = 2
@@ -650,6 +651,7 @@ class BanditAllocation(Allocation):
         # No budget for a page, nothing granted: this tick explores only sites no candidate has data on (the budget
         # refills after the matching), so drawing for the others would decide nothing (at a thousand nodes, most ticks).
         broke = self.credit < 1 and self.granted < 1
+        drawn: set[str] = set()  # the sites a subtask of which was drawn for in this call
         for order, st, cls in window:
             if cls.top > 0 and (st.attempt > 0 or broke):
                 continue  # a subtask that failed already must not risk another recall on a pair being tried,
@@ -659,7 +661,9 @@ class BanditAllocation(Allocation):
             if now - st.since >= self.patience:
                 floor = 0.0
             cands = free_by_type[st.type]
-            pool = cands if len(cands) <= EXPLORE_SAMPLE else self.rng.sample(cands, EXPLORE_SAMPLE)
+            take = EXPLORE_SAMPLE if st.site in drawn else 2 * EXPLORE_SAMPLE  # a site's first subtask: twice as many
+            drawn.add(st.site)
+            pool = cands if len(cands) <= take else self.rng.sample(cands, take)
             sums, theta0, rho0, _, prior = cls.site.ranking.data
             rates, skip, site_rates = cls.rates, cls.skip, cls.site.ranking.c
             for nid in pool:
