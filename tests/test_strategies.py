@@ -32,7 +32,14 @@ from scheduler_ext.strategies import bandit as bandit_module
 from scheduler_ext.strategies import modification as modification_module
 from scheduler_ext.strategies import posterior as posterior_module
 from scheduler_ext.strategies.allocation import DynamicAllocation, RoundRobinAllocation, SharedAllocation
-from scheduler_ext.strategies.bandit import AHEAD, EXPLORE_PAGES, EXPLORE_REST, EXPLORE_ROOM, BanditAllocation
+from scheduler_ext.strategies.bandit import (
+    AHEAD,
+    EXPLORE_PAGES,
+    EXPLORE_REST,
+    EXPLORE_ROOM,
+    EXPLORE_SAMPLE,
+    BanditAllocation,
+)
 from scheduler_ext.strategies.modification import DynamicModification, FixedModification, RelativeModification
 from scheduler_ext.strategies.posterior import PACE_MAX, Posterior, Sums, update_sums
 from scheduler_ext.strategies.recall import DynamicRecall, NoRecall
@@ -986,6 +993,28 @@ def test_bandit_explores_within_its_budget() -> None:
     exploited = sum(s.page_limit for s, _ in sent if s.page_limit == 5)
     # The budget is in pages: the start-up's (one exploration per node) plus a tenth of the exploiting pages.
     assert EXPLORE_PAGES * len(explored) <= EXPLORE_PAGES * len(nodes) + 0.1 * exploited
+
+
+def test_bandit_draws_twice_as_many_free_nodes_for_a_sites_first_subtask_in_a_call() -> None:
+    import random
+
+    class Counting(random.Random):
+        def sample(self, population, k, **kw):  # type: ignore[no-untyped-def,override]
+            sizes.append(k)
+            return super().sample(population, k, **kw)
+
+    sizes: list[int] = []
+    # a.com's one known node is busy, 40 never-tried nodes are free: every subtask is drawn for.
+    est = SumsEstimates().runs("a.com", "good", GOOD, GOOD, GOOD)
+    nodes = [node("good", free=0), *[node(f"n{i}") for i in range(40)]]
+    strategy = BanditAllocation()
+    strategy.rng = Counting(0)
+    strategy.allocate([st("s1"), st("s2"), st("s3", site="b.com")], nodes, est, NOW)
+    assert sizes == [2 * EXPLORE_SAMPLE, EXPLORE_SAMPLE, 2 * EXPLORE_SAMPLE]
+    # 15 free nodes: the site's first subtask draws every one (no sample), its second a sample of EXPLORE_SAMPLE.
+    sizes.clear()
+    strategy.allocate([st("s4"), st("s5")], nodes[:2 * EXPLORE_SAMPLE], est, NOW + 60)
+    assert sizes == [EXPLORE_SAMPLE]
 
 
 def test_bandit_explores_a_site_nobody_knows_without_budget() -> None:
