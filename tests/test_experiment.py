@@ -224,6 +224,8 @@ def test_dynamic_beats_shared_on_a_heterogeneous_profile(scrapy_env: dict[str, s
     assert model["source"].startswith("measured before and after the configurations (each profile's cheapest "
                                       "window): plain Scrapy in 2 processes"), model
     assert [w["when"] for w in model["windows"]] == ["before", "before", "after", "after"]
+    # served as fast as the duel's quickest pair (a node on its own site: 0.05 s), the machine's cost at that pace
+    assert {w["latency"] for w in model["windows"]} == {0.05} and "pages served in 0.05 s" in model["source"]
     assert all(w["pages"] > 100 and w["node_cpu"] > 0 for w in model["windows"])
     before, after = model["measured"]
     assert (before["when"], after["when"]) == ("before", "after")
@@ -239,6 +241,24 @@ def test_dynamic_beats_shared_on_a_heterogeneous_profile(scrapy_env: dict[str, s
     for name in ("fig4.png", "fig4_shared.png", "fig5.png", "items.png", "report.html"):
         assert (out / name).stat().st_size > 1000
     assert "dynamic" in result.stdout and "summary:" in result.stdout
+
+
+def test_the_machine_is_measured_at_the_latency_of_the_runs_quickest_pair_at_any_time() -> None:
+    from product_crawl.experiment.machine import FAST_LATENCY, bound_latency
+    from product_crawl.simweb.profile import parse_profile
+
+    rule = {"share": 0.9, "latency": {"mean": 0.4}, "error_rate": 0.0, "block_rate": 0.0}
+    profile = parse_profile({
+        "name": "t", "default": {**rule, "latency": {"mean": 0.6}},
+        "nodes": {"127.0.0.2": {"sites": {"a.cn": {**rule, "phases": [{"after": 30, "latency": {"mean": 0.15}}]},
+                                          "b.cn": {"share": 0.0, "latency": {"mean": 0.01}},  # serves nothing
+                                          "c.cn": {"error_rate": 0.6, "block_rate": 0.4,  # answers nothing
+                                                   "latency": {"mean": 0.02}}}}}})
+    # a.cn turns quick after 30 s: the run's quickest pages come from there, however late
+    assert bound_latency(profile, ["127.0.0.2"], ["a.cn", "b.cn", "c.cn"]) == 0.15
+    # a node the profile does not name is served by its default
+    assert bound_latency(profile, ["127.0.0.9"], ["a.cn"]) == 0.6
+    assert bound_latency(profile, [], ["a.cn"]) == FAST_LATENCY
 
 
 def test_goal_lines_report_scrapy_redis_and_oracle_goals() -> None:

@@ -197,7 +197,8 @@ def best_possible(opts: Options, totals: dict[str, dict[str, int]], *, assignmen
         shared = bound_module.Machine(cores=float(os.cpu_count() or 1), page_cpu=costs.page_cpu,
                                       item_cpu=costs.item_cpu)
         source = (f"measured before and after the configurations (each profile's cheapest window): plain Scrapy in "
-                  f"{machine_processes(len(opts.nodes))} processes, 2 windows of {opts.machine_seconds:g} s each time")
+                  f"{machine_processes(len(opts.nodes))} processes, 2 windows of {opts.machine_seconds:g} s each time, "
+                  f"pages served in {machine['latency']:g} s (the profile's quickest pair)")
     model = model.with_settings(Settings({**CLUSTER_SETTINGS, **opts.overrides}))  # the nodes' concurrency and delay
     bound = bound_module.best_possible(world, nodes, work, opts.duration, model, shared)
     if not assignments:
