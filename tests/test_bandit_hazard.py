@@ -79,27 +79,34 @@ def run(est: MemoryEstimates, node: str, now: float, *, good: bool, site: str = 
     est.read()
 
 
-def test_a_change_counts_only_once_the_next_run_confirms_it() -> None:
+def test_a_pair_that_turned_bad_counts_at_once_one_that_turned_good_once_its_next_run_confirms_it() -> None:
     strategy = BanditAllocation()
     est = MemoryEstimates()
     nodes = [NodeView(id="n1", types=[0], free=0)]  # "x" is free: a tick with a free slot reads the estimates
     t = 1.0
-    for _ in range(5):  # a good pair, run every second
-        run(est, "n1", t, good=True)
-        strategy.allocate([subtask("s", t)], [*nodes, NodeView(id="x", types=[0], free=1)], est, t)
-        t += 1
-    run(est, "n1", t, good=False)  # a bad run: a change point, not confirmed yet
-    strategy.allocate([subtask("s", t)], [*nodes, NodeView(id="x", types=[0], free=1)], est, t)
-    assert strategy.hazard.cumulative(0.0, t + 1) == 0.0
-    t += 1
-    run(est, "n1", t, good=True)  # taken back by the next run: a change point again, and none confirmed
-    strategy.allocate([subtask("s", t)], [*nodes, NodeView(id="x", types=[0], free=1)], est, t)
-    assert strategy.hazard.cumulative(0.0, t + 1) == 0.0
-    for good in (False, False):  # a change the next run confirms
-        t += 1
+
+    def tick(good: bool) -> float:
         run(est, "n1", t, good=good)
         strategy.allocate([subtask("s", t)], [*nodes, NodeView(id="x", types=[0], free=1)], est, t)
-    assert strategy.hazard.cumulative(0.0, t + 1) > 0.0
+        return sum(strategy.hazard.changes.values())
+
+    for _ in range(5):  # a good pair, run every second
+        assert tick(True) == 0.0
+        t += 1
+    # A bad run: a change point. Nothing is sent to a pair that turned bad, so no run may ever confirm it: it
+    # counts at once (pairs last seen before it may have changed too); what it grants waits for a confirmation.
+    assert math.isclose(tick(False), 1.0) and strategy.hazard.cumulative(0.0, t + 1) > 0.0
+    assert strategy.granted == 0.0
+    t += 1
+    # Taken back by the next run, itself a change point to good: that one waits for the pair's next run.
+    assert tick(True) == 0.0 and strategy.granted == 0.0
+    t += 1
+    assert math.isclose(tick(True), 1.0) and strategy.granted > 0.0  # confirmed: counted, and it grants
+    granted = strategy.granted
+    t += 1
+    assert math.isclose(tick(False), 2.0)  # a fluke of a good pair counts at once ...
+    t += 1
+    assert math.isclose(tick(True), 1.0) and strategy.granted == granted  # ... and is taken back by the next run
 
 
 def explorations_of_stale_pair(burst: bool, credit: float = 1.0) -> int:

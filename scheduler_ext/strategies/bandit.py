@@ -30,11 +30,12 @@ Per tick, over the window of waiting subtasks the control passes (priority order
    blank, until a run of it reported :data:`EXPLORE_REST` seconds ago, or for the recall age
    (:meth:`BanditAllocation._in_flight`). A pair last run before the site's latest change of treatment (any
    node's ``Sums.cp``) is drawn from the prior, as untried;
-   so is any pair, with probability ``1 - exp(-H)`` for ``H`` the cluster's confirmed changes per pair since it
-   was last seen (:class:`ChangeHazard`); a subtask that failed already explores only if no candidate
-   is known to collect anything. Such a re-opened pair may also be explored once the budget is out, on what the
-   changes found grant: each confirmed change, as many explorations as the changes it stands for among the
-   cluster's pairs (:meth:`ChangeHazard.change`).
+   so is any pair, with probability ``1 - exp(-H)`` for ``H`` the cluster's changes per pair since it was last
+   seen (:class:`ChangeHazard`: a pair that turned good counts once its next run confirms it, one that turned bad
+   at once, taken back if its next run does not confirm it); a subtask that failed already explores only if no
+   candidate is known to collect anything. Such a re-opened pair may also be explored once the budget is out, on
+   what the changes found grant: each confirmed change, as many explorations as the changes it stands for among
+   the cluster's pairs (:meth:`ChangeHazard.change`).
 5. Matching: explorations, then the exploit pairs as the dynamic allocation matches them (aged subtasks first,
    then the highest expected rate, then priority), first onto nodes with nothing queued, then onto any free slot
    (:meth:`BanditAllocation._exploit`).
@@ -130,12 +131,13 @@ class ChangeHazard:
     """How often pairs changed treatment, as a function of time: a binned Nelson-Aalen estimate.
 
     Every time a pair runs again, the interval since its previous run was watched (:meth:`watch`: its seconds are
-    added to the time bins it covers); if that run turned out to be a confirmed change of treatment, one change is
-    spread over the same bins in proportion (:meth:`change`). A bin's hazard is its changes over its watched
-    pair-seconds, and :meth:`cumulative` integrates it: ``exp(-cumulative(t0, now))`` is the probability that a
-    pair last seen at ``t0`` still treats its node as it did then. Changes that come in bursts (a site's new
-    defences, a cluster's new addresses) raise it for exactly the pairs last seen before the burst; a quiet period
-    adds nothing, however long, so a cluster whose sites never change never re-probes on this account.
+    added to the time bins it covers); if that run was a change of treatment, one change is spread over the same
+    bins in proportion (:meth:`change`; :meth:`take_back` removes it if the pair's next run says it was not). A
+    bin's hazard is its changes over its watched pair-seconds, and :meth:`cumulative` integrates it:
+    ``exp(-cumulative(t0, now))`` is the probability that a pair last seen at ``t0`` still treats its node as it did
+    then. Changes that come in bursts (a site's new defences, a cluster's new addresses) raise it for exactly the
+    pairs last seen before the burst; a quiet period adds nothing, however long, so a cluster whose sites never
+    change never re-probes on this account.
 
     >>> h = ChangeHazard(width=5.0)
     >>> for i in range(20):  # 20 pairs watched from 0 to 10 s, a quarter of them change
@@ -170,7 +172,14 @@ class ChangeHazard:
         """A pair ran at ``t0`` and again at ``t1``: it was watched in between."""
         self._spread(self.watched, t0, t1, None)
 
-    def change(self, t0: float, t1: float) -> float:
+    def take_back(self, parts: dict[int, float]) -> None:
+        """Removes a change that :meth:`change` added (``parts``: what it added to each bin)."""
+        for b, x in parts.items():
+            if b in self.changes:
+                self.changes[b] = max(0.0, self.changes[b] - x)
+        self._table = None
+
+    def change(self, t0: float, t1: float, parts: dict[int, float] | None = None) -> float:
         """The run at ``t1`` of a pair watched since ``t0`` (:meth:`watch` said so already) was a change; returns
         how much it raised the hazard of a pair unseen over the bins it went to.
 
@@ -178,7 +187,8 @@ class ChangeHazard:
         the interval's bins in proportion to their watched seconds times the hazard already estimated there (plus
         the average hazard, so that bins without changes yet still get a share). A pair re-probed after 100 s
         then adds its change mostly to the burst that pairs run every second have already located, instead of
-        thinning it over the 100 s (one step of Turnbull's estimator for interval-censored events).
+        thinning it over the 100 s (one step of Turnbull's estimator for interval-censored events). What it adds to
+        each bin goes into ``parts`` if given (for :meth:`take_back`).
 
         The pairs watched over a bin are a sample of the cluster's pairs: a change found among ``watched / width``
         of them stands for ``pairs x width / watched`` changes among ``pairs`` (Horvitz-Thompson). The return
@@ -208,6 +218,8 @@ class ChangeHazard:
         rise = 0.0
         for b, x in weights.items():
             changes[b] = changes.get(b, 0.0) + x / total
+            if parts is not None:
+                parts[b] = x / total
             here = watched.get(b, 0.0)
             if here > 0:
                 rise += x / total * w / here  # the bin's hazard rose by (x / total) / here per second
@@ -371,9 +383,11 @@ class BanditAllocation(Allocation):
         self.half_life = half_life  # the prior's: the effective one is learnt (:attr:`effective_half_life`)
         self.changes = 0  # changes of treatment seen (a pair's ``cp`` moved), between consecutive runs of a pair
         self.exposure = 0.0  # pair-seconds between consecutive runs of a pair (where those changes could happen)
-        self.hazard = ChangeHazard()  # when pairs changed treatment, confirmed (see _watch)
-        # (site, node) -> (previous run, the run that was a change point, share before it, share after it)
-        self._unconfirmed: dict[tuple[str, str], tuple[float, float, float, float]] = {}
+        self.hazard = ChangeHazard()  # when pairs changed treatment (see _watch)
+        # (site, node) -> (its run before its change point, the change point's run, share before, share after, what
+        # the change raised the hazard of a pair unseen by (ChangeHazard.change; None: not counted yet), what it
+        # added to the hazard's bins)
+        self._unconfirmed: dict[tuple[str, str], tuple[float, float, float, float, float | None, dict[int, float]]] = {}
         self.explore_timeout = explore_timeout
         self.rng = random.Random(seed)
         # exploration budget, in pages: starts at one exploration per node, refills with a share of the pages sent
@@ -489,27 +503,39 @@ class BanditAllocation(Allocation):
     def _watch(self, site: str, nid: str, was: Sums, new: Sums) -> None:
         """The pair ran at ``was.t`` and again at ``new.t`` (sums ``new``): feed :attr:`hazard`.
 
-        A change point with a shift (``cp`` moved) counts as a change of treatment only once the pair's next run
-        confirms it: the share after that run is nearer the share the change point moved to than the share it
-        moved from. One lucky run of a captcha-heavy node, or one failed first page of a good one, is a change
-        point that the next run takes back; it must not make every stale pair of the cluster look changed. A
-        change point never confirmed (the pair turned bad and is not run again) counts only once it is.
+        A change point with a shift (``cp`` moved) is confirmed by the pair's next run if that run is no change point
+        and its share is nearer the share the change point moved to than the one it moved from. One lucky run of a
+        captcha-heavy node, or one failed first page of a good one, is a change point that the next run takes back;
+        it must not keep every stale pair of the cluster looking changed. A pair that turned good is run again
+        soon (it is exploited), so its change counts once confirmed. A pair that turned bad is seldom run again
+        (nothing is sent to it), so its change counts at once and is taken back if its next run does not confirm
+        it: counted only once confirmed (until 2026-12-04), a burst in which pairs turned bad re-opened nothing, and
+        the pairs that turned good in it waited for their node's posterior alone (docs/strategies.md). The
+        explorations a change grants (:attr:`granted`) wait for its confirmation either way.
         """
         self.hazard.watch(was.t, new.t)
         key = (site, nid)
         share = (new.got + 0.5) / (new.pages + 1.0)
         pending = self._unconfirmed.pop(key, None)
-        if pending is not None and new.cp == was.cp:
-            t0, t1, before, after = pending
-            if abs(share - after) < abs(share - before):
+        if pending is not None:
+            t0, t1, before, after, rise, added = pending
+            if new.cp == was.cp and abs(share - after) < abs(share - before):
+                if rise is None:  # counted only now
+                    rise = self.hazard.change(t0, t1)
                 # The changes this one stands for among the pairs not seen since are so many pairs whose
                 # evidence is wrong: each is worth one exploration, beyond the share of the assignments.
                 pairs = sum(self._pairs.values())
-                self.granted = min(self.granted + self.hazard.change(t0, t1) * pairs, float(pairs))
+                self.granted = min(self.granted + rise * pairs, float(pairs))
+            elif rise is not None:
+                self.hazard.take_back(added)
         if new.cp > was.cp:
             if len(self._unconfirmed) > 65536:
                 self._unconfirmed.clear()
-            self._unconfirmed[key] = (was.t, new.t, (was.got + 0.5) / (was.pages + 1.0), share)
+            before = (was.got + 0.5) / (was.pages + 1.0)
+            parts: dict[int, float] = {}
+            # a pair that turned bad, counted now (it may never run again); one that turned good, once confirmed
+            rise = None if share > before else self.hazard.change(was.t, new.t, parts)
+            self._unconfirmed[key] = (was.t, new.t, before, share, rise, parts)
 
     def _ranking(self, site: str, sums: Mapping[str, Sums], now: float, typed: _Typed,
                  previous: _Ranking | None) -> _Ranking:
