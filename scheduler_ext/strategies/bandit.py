@@ -31,11 +31,11 @@ Per tick, over the window of waiting subtasks the control passes (priority order
    (:meth:`BanditAllocation._in_flight`). A pair last run before the site's latest change of treatment (any
    node's ``Sums.cp``) is drawn from the prior, as untried;
    so is any pair, with probability ``1 - exp(-H)`` for ``H`` the cluster's changes per pair since it was last
-   seen (:class:`ChangeHazard`: a pair that turned good counts once its next run confirms it, one that turned bad
-   at once, taken back if its next run does not confirm it); a subtask that failed already explores only if no
-   candidate is known to collect anything. Such a re-opened pair may also be explored once the budget is out, on
-   what the changes found grant: each confirmed change, as many explorations as the changes it stands for among
-   the cluster's pairs (:meth:`ChangeHazard.change`).
+   seen (:class:`ChangeHazard`: a change counts once the pair's next run confirms it, a pair surely good that
+   turned bad at once, taken back if its next run does not confirm it); a subtask that failed already explores
+   only if no candidate is known to collect anything. Such a re-opened pair may also be explored once the budget
+   is out, on what the changes found grant: each confirmed change, as many explorations as the changes it stands
+   for among the cluster's pairs (:meth:`ChangeHazard.change`).
 5. Matching: explorations, then the exploit pairs as the dynamic allocation matches them (aged subtasks first,
    then the highest expected rate, then priority), first onto nodes with nothing queued, then onto any free slot
    (:meth:`BanditAllocation._exploit`).
@@ -81,7 +81,16 @@ from ..config import config_for
 from ..models import Subtask
 from . import Allocation, Estimates, NodeView
 from .allocation import NOBODY, Rankings, _Class, _Ranking, _Site, _Typed, greedy
-from .posterior import CHANGE_PAGES, PRIOR_WEIGHT, Posterior, Sums, draw_rate, expected_rate, expected_rates
+from .posterior import (
+    CHANGE_PAGES,
+    CHANGE_SHIFT,
+    PRIOR_WEIGHT,
+    Posterior,
+    Sums,
+    draw_rate,
+    expected_rate,
+    expected_rates,
+)
 
 #: Subtasks a node may have waiting in its crawl queue before the exploit matching's second pass
 #: (:meth:`BanditAllocation._exploit`): enough to keep it busy until the next tick. One sent a site's work to a
@@ -507,11 +516,13 @@ class BanditAllocation(Allocation):
         and its share is nearer the share the change point moved to than the one it moved from. One lucky run of a
         captcha-heavy node, or one failed first page of a good one, is a change point that the next run takes back;
         it must not keep every stale pair of the cluster looking changed. A pair that turned good is run again
-        soon (it is exploited), so its change counts once confirmed. A pair that turned bad is seldom run again
+        soon (it is exploited), so its change counts once confirmed. A pair that was surely served at least
+        ``CHANGE_SHIFT`` of its results (one standard deviation below its share) and turned bad is seldom run again
         (nothing is sent to it), so its change counts at once and is taken back if its next run does not confirm
         it: counted only once confirmed (until 2026-12-04), a burst in which pairs turned bad re-opened nothing, and
-        the pairs that turned good in it waited for their node's posterior alone (docs/strategies.md). The
-        explorations a change grants (:attr:`granted`) wait for its confirmation either way.
+        the pairs that turned good in it waited for their node's posterior alone (docs/strategies.md). A
+        captcha-heavy pair's runs swing between nothing and most of its results; its falls are not counted at once.
+        The explorations a change grants (:attr:`granted`) wait for its confirmation either way.
         """
         self.hazard.watch(was.t, new.t)
         key = (site, nid)
@@ -533,8 +544,9 @@ class BanditAllocation(Allocation):
                 self._unconfirmed.clear()
             before = (was.got + 0.5) / (was.pages + 1.0)
             parts: dict[int, float] = {}
-            # a pair that turned bad, counted now (it may never run again); one that turned good, once confirmed
-            rise = None if share > before else self.hazard.change(was.t, new.t, parts)
+            # a pair surely good that turned bad, counted now (it may never run again); any other, once confirmed
+            surely = before - math.sqrt(before * (1.0 - before) / (was.pages + 2.0))  # served at least, surely
+            rise = None if share > before or surely < CHANGE_SHIFT else self.hazard.change(was.t, new.t, parts)
             self._unconfirmed[key] = (was.t, new.t, before, share, rise, parts)
 
     def _ranking(self, site: str, sums: Mapping[str, Sums], now: float, typed: _Typed,
