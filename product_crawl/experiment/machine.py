@@ -13,16 +13,15 @@ experiment measures them before its configurations (``scrapy experiment --machin
   own; it runs as ``processes`` processes at once (the run's nodes), each from its own loopback address, because
   a page costs more CPU when several crawlers, the web and the storage take turns on the cores than when one
   crawler has the machine to itself;
-* two profiles of that web, every page served after the same latency with all 10 results (``share`` 1.0) and with
-  2 (0.2), give
-  two equations ``cpu = pages x page_cpu + items x item_cpu`` over a window of ``seconds`` while the crawlers go as
-  fast as they can (start-up excluded), solved for the cost of a page (request, response, parse: crawler and web)
-  and of an item (pipeline, storage: crawler and MongoDB). CPU is user + system time of every process of the three
-  kinds and their children, read from ``/proc``. The latency is the run's own: the least mean latency of any
-  (node, site) pair of its profile at any time (:func:`bound_latency`; 50 ms where nothing says otherwise), since
-  a page costs a crawler more CPU the longer its answer takes (its pages in flight come back one at a time instead
-  of several a turn: plain Scrapy 6.25 ms a page of 10 at 50 ms, 6.6 to 6.9 at 0.1 s, 7.3 to 7.4 at 0.15 s, the
-  same hour) and no page of the run is served sooner than that.
+* two profiles of that web, every page served after the same latency with all 10 results (``share`` 1.0) and with 2
+  (0.2), give two equations ``cpu = pages x page_cpu + items x item_cpu`` over a window of ``seconds`` while the
+  crawlers go as fast as they can (start-up excluded), solved for the cost of a page (request, response, parse:
+  crawler and web) and of an item (pipeline, storage: crawler and MongoDB). CPU is user + system time of every
+  process of the three kinds and their children, read from ``/proc``. The latency is the run's own: the least mean
+  latency of any (node, site) pair of its profile at any time (:func:`bound_latency`; 50 ms where nothing says
+  otherwise), since a page costs a crawler more CPU the longer its answer takes (its pages in flight come back one
+  at a time instead of several a turn: plain Scrapy 6.25 ms a page of 10 at 50 ms, 6.6 to 6.9 at 0.1 s, 7.3 to 7.4
+  at 0.15 s, the same hour) and no page of the run is served sooner than that.
 
 Also kept: a crawler process's own costs (one Python process: one core at most), the node model of the bound.
 """

@@ -90,6 +90,7 @@ from .posterior import (
     draw_rate,
     expected_rate,
     expected_rates,
+    share_bound,
 )
 
 #: Subtasks a node may have waiting in its crawl queue before the exploit matching's second pass
@@ -545,8 +546,8 @@ class BanditAllocation(Allocation):
             before = (was.got + 0.5) / (was.pages + 1.0)
             parts: dict[int, float] = {}
             # a pair surely good that turned bad, counted now (it may never run again); any other, once confirmed
-            surely = before - math.sqrt(before * (1.0 - before) / (was.pages + 2.0))  # served at least, surely
-            rise = None if share > before or surely < CHANGE_SHIFT else self.hazard.change(was.t, new.t, parts)
+            fell = share < before and share_bound(was) >= CHANGE_SHIFT
+            rise = self.hazard.change(was.t, new.t, parts) if fell else None
             self._unconfirmed[key] = (was.t, new.t, before, share, rise, parts)
 
     def _ranking(self, site: str, sums: Mapping[str, Sums], now: float, typed: _Typed,
