@@ -1133,8 +1133,9 @@ def node_view(nid: str, raw: str | None, queued: int) -> NodeView | None:
     if not (isinstance(types, list) and types and all(type(t) is int and t >= 0 for t in types)) \
             or type(prefetch) is not int or not (address is None or isinstance(address, str)):
         return None
+    held = obj.get("subtasks")
     return NodeView(id=nid, types=types, address=address, free=max(0, min(prefetch, 10_000) - queued),
-                    queued=max(0, queued), info=obj)
+                    queued=max(0, queued), info=obj, held=len(held) if isinstance(held, list) else 0)
 
 
 def _task_id(e: Entry) -> str | None:

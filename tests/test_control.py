@@ -14,7 +14,7 @@ import pytest
 import redis as redis_lib
 
 from product_crawl.tasks import splitter
-from scheduler_ext.control import Control
+from scheduler_ext.control import Control, node_view
 from scheduler_ext.keys import Keys
 from scheduler_ext.models import Report, Subtask
 from scheduler_ext.store import Guard, Store
@@ -602,3 +602,11 @@ def test_a_task_record_with_a_bad_count_is_refused_by_name() -> None:
     for field, value in (("open", -1), ("next_page", "3"), ("total_pages", 1.5)):
         with pytest.raises(InvalidInput, match=f"field '{field}'"):
             Task.from_json(json.dumps({"id": "t", "site": "a.com", field: value}))
+
+
+def test_a_nodes_view_counts_the_subtasks_its_heartbeat_says_it_holds() -> None:
+    raw = json.dumps({"type": [0], "prefetch": 4, "subtasks": ["7", "9"]})
+    view = node_view("n1", raw, 1)
+    assert view is not None and (view.held, view.free, view.queued) == (2, 3, 1)
+    old = node_view("n1", json.dumps({"type": [0], "prefetch": 4, "subtasks": "7"}), 0)  # not a list: nothing
+    assert old is not None and old.held == 0

@@ -1149,6 +1149,29 @@ def test_bandit_gives_work_to_a_node_that_would_start_it_at_once_before_queueing
     assert run(more, 0) == {**{s.id: "n1" for s in more[:AHEAD]}, more[-1].id: "n2"}
 
 
+def test_bandit_gives_work_to_an_idle_node_before_a_busy_one_whose_queue_is_empty() -> None:
+    # A real node takes a subtask as soon as fewer pages wait in it than its slots start, so a busy node's crawl
+    # queue is empty most of the time; what it held at its last heartbeat says it is busy. n1 is the best on a.com,
+    # n2 nearly as good: while n1 holds subtasks, the next goes to n2 if n2 holds none, however empty n1's queue.
+    fast, near = (10, 100, 93, 1.0, True), (10, 100, 93, 1.2, True)
+    est = SumsEstimates().runs("a.com", "n1", *[fast] * 4).runs("a.com", "n2", *[near] * 4)
+
+    def run(subtasks: list[Subtask], n1_held: int, n2_held: int, n2_queued: int = 0) -> dict[str, str]:
+        strategy = BanditAllocation(explore_share=0)
+        strategy.credit = 0.0
+        nodes = [NodeView(id="n1", types=[0], free=4, held=n1_held),
+                 NodeView(id="n2", types=[0], free=4, held=n2_held, queued=n2_queued)]
+        return assigned(strategy.allocate(subtasks, nodes, est, NOW))
+
+    assert run([st("s1")], 3, 0) == {"s1": "n2"}  # n1 busy, n2 idle: n2 starts it now
+    assert run([st("s1")], 3, 3) == {"s1": "n1"}  # both busy: the best
+    assert run([st("s1")], 0, 0) == {"s1": "n1"}  # both idle: the best
+    assert run([st("s1")], 3, 0, n2_queued=1) == {"s1": "n1"}  # n2 has work waiting: not idle, the best
+    # the idle node takes AHEAD; the next waits in the best's queue, as when nobody is idle
+    more = [st(f"s{i}") for i in range(1, AHEAD + 2)]
+    assert run(more, 3, 0) == {**{s.id: "n2" for s in more[:AHEAD]}, more[-1].id: "n1"}
+
+
 def test_bandit_weighs_no_more_of_a_sites_subtasks_than_its_free_nodes_can_take() -> None:
     # a.com: n1 good with one free slot, n2 as good and full, n3 below the floor with free slots. Ten fresh
     # subtasks of a.com wait first (their site's nodes are busy: that is why they wait), one past its patience, and

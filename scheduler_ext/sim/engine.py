@@ -222,6 +222,7 @@ class Simulation:
         self.subtasks: dict[str, Subtask] = {}  # waiting subtask id -> its record
         self.queues: dict[str, list[Subtask]] = {n: [] for n in self.nodes}
         self.running: dict[str, dict[str, _Run]] = {n: {} for n in self.nodes}
+        self.held = dict.fromkeys(self.nodes, 0)  # subtasks each node held at its last heartbeat
         m = self.model
         self.slots: dict[str, list[float]] = {n: [0.0] * max(1, m.concurrency) for n in self.nodes}
         self.cpu_free: dict[str, float] = dict.fromkeys(self.nodes, 0.0)
@@ -467,9 +468,10 @@ class Simulation:
             queued = len(self.queues[n.id])
             free = max(0, self.prefetch[n.id] - queued)
             view = views.get(n.id)
-            if view is None or view.free != free or view.queued != queued:
+            held = self.held[n.id]
+            if view is None or view.free != free or view.queued != queued or view.held != held:
                 view = views[n.id] = NodeView(id=n.id, types=list(n.types), address=n.address, free=free,
-                                              queued=queued)
+                                              queued=queued, held=held)
             out.append(view)
         return out
 
@@ -481,6 +483,7 @@ class Simulation:
             if elapsed < self.heartbeat or elapsed <= 0:
                 continue
             self._paced_at[n.id] = self.now
+            self.held[n.id] = len(self.running[n.id])  # what its heartbeat tells the control
             if n.prefetch is None:
                 rate = self._takes[n.id] / min(elapsed, self.now - n.joins) if self.now > n.joins else 0.0
                 self.prefetch[n.id] = min(self.prefetch_max,

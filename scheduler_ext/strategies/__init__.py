@@ -32,7 +32,8 @@ class Estimate:
 @dataclass
 class NodeView:
     """A live node as allocation sees it: ``free`` is how many more subtasks its crawl queue may take now,
-    ``queued`` how many wait in it already (none of its slots has taken them yet)."""
+    ``queued`` how many wait in it already (none of its slots has taken them yet), ``held`` how many it had taken
+    and not finished at its last heartbeat (running, or waiting in the node for a slot)."""
 
     id: str
     types: list[int]
@@ -40,6 +41,7 @@ class NodeView:
     free: int = 0
     queued: int = 0
     info: dict[str, Any] = field(default_factory=dict)
+    held: int = 0
 
 
 class Estimates(Protocol):
