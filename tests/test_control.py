@@ -14,7 +14,7 @@ import pytest
 import redis as redis_lib
 
 from product_crawl.tasks import splitter
-from scheduler_ext.control import Control, node_view
+from scheduler_ext.control import ID_BLOCK, Control, node_view
 from scheduler_ext.keys import Keys
 from scheduler_ext.models import Report, Subtask
 from scheduler_ext.store import Guard, Store
@@ -610,3 +610,17 @@ def test_a_nodes_view_counts_the_subtasks_its_heartbeat_says_it_holds() -> None:
     assert view is not None and (view.held, view.free, view.queued) == (2, 3, 1)
     old = node_view("n1", json.dumps({"type": [0], "prefetch": 4, "subtasks": "7"}), 0)  # not a list: nothing
     assert old is not None and old.held == 0
+
+
+def test_a_control_reserves_ids_a_block_at_a_time_and_never_hands_one_out_twice(store: Store) -> None:
+    # A tick made one Redis round trip per subtask it made, for its id. Ids now come from a block reserved at once;
+    # two controls (a leader and the standby that follows it) and a control that forgot its state never share one.
+    a, b = make_control(store, "c1"), make_control(store, "c2")
+    first = a._ids.take(1) + a._ids.take(2)
+    assert int(store.redis.get(store.keys.seq)) == ID_BLOCK  # one reservation for the three
+    second = b._ids.take(ID_BLOCK + 1)  # more than a block: one reservation of what it asks
+    a.forget()  # after a Redis error: the pool goes, the next ids come from seq
+    third = a._ids.take(1)
+    ids = first + second + third
+    assert len(set(ids)) == len(ids) and first == ["1", "2", "3"]
+    assert min(map(int, third)) > max(map(int, second))

@@ -192,6 +192,22 @@ def test_windows_too_far_apart_to_solve_together_fall_back_to_one_measurement() 
 
 # --- the short experiment -----------------------------------------------------------------------------------
 
+def test_no_node_starves_where_every_pair_is_alike(scrapy_env: dict[str, str], prefix: str, mongo_db: str,
+                                                  tmp_path: Path) -> None:
+    # Four real nodes, every pair as good (the built-in profile 'alike'). A busy node's crawl queue is empty most of
+    # the time (it takes a subtask as soon as fewer pages wait in it than its slots start), so the nodes that
+    # registered first kept every task's chain and one node crawled a twentieth of what the others did; the
+    # allocation now gives work to idle nodes first (docs/strategies.md, step 6).
+    out = tmp_path / "alike"
+    result = run_scrapy(["experiment", "--profile", "alike", "--strategies", "dynamic", "--duration", "20",
+                         "--machine-seconds", "0", "--out", str(out), "--prefix", prefix, "--database", mongo_db],
+                        env=scrapy_env, timeout=150)
+    assert result.returncode == 0, result.stderr[-3000:] + result.stdout[-3000:]
+    nodes = json.loads((out / "summary.json").read_text(encoding="utf-8"))["runs"]["dynamic"]["nodes"]
+    pages = {name: node["pages"] for name, node in nodes.items()}
+    assert len(pages) == 4 and min(pages.values()) >= 0.4 * sum(pages.values()) / 4, pages
+
+
 def test_dynamic_beats_shared_on_a_heterogeneous_profile(scrapy_env: dict[str, str], prefix: str, mongo_db: str,
                                                        tmp_path: Path) -> None:
     out = tmp_path / "exp"

@@ -39,7 +39,7 @@ __all__ = [
 ]
 
 #: Profiles shipped in product_crawl/simweb/profiles/, by name.
-BUILTIN_PROFILES = ("paper", "duel")
+BUILTIN_PROFILES = ("paper", "duel", "alike")
 
 _RULE_FIELDS = ("share", "latency", "error_rate", "block_rate")
 
