@@ -257,6 +257,10 @@ class IdSource(Protocol):
         """``n`` ids never handed out before (gaps are harmless)."""
 
 
+#: Ids a control reserves from ``seq`` at a time (:class:`StoreIds`).
+ID_BLOCK = 32
+
+
 class StoreIds:
     """Ids from the deployment's ``seq`` counter, reserved :data:`ID_BLOCK` at a time: a tick that makes a subtask
     for each of its reports asked Redis once for each (a round trip within the tick, on every task's path from one
@@ -272,10 +276,6 @@ class StoreIds:
             self._pool += self.store.reserve_ids(max(n - len(self._pool), ID_BLOCK))
         taken, self._pool = self._pool[:n], self._pool[n:]
         return taken
-
-
-#: Ids a control reserves from ``seq`` at a time (:class:`StoreIds`).
-ID_BLOCK = 32
 
 
 class CountingIds:
