@@ -37,7 +37,8 @@ Per tick, over the window of waiting subtasks the control passes (priority order
    is out, on what the changes found grant: each confirmed change, as many explorations as the changes it stands
    for among the cluster's pairs (:meth:`ChangeHazard.change`).
 5. Matching: explorations, then the exploit pairs as the dynamic allocation matches them (aged subtasks first,
-   then the highest expected rate, then priority), first onto nodes with nothing queued, then onto any free slot
+   then the highest expected rate, then priority), first onto idle nodes (nothing held at their last heartbeat,
+   nothing queued), then onto nodes with fewer than :data:`AHEAD` queued, then onto any free slot
    (:meth:`BanditAllocation._exploit`).
 
 Rates are per second of node time (:func:`~scheduler_ext.strategies.posterior.run_seconds`): what a run cost the
@@ -74,6 +75,7 @@ import heapq
 import math
 import operator
 import random
+from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -808,27 +810,32 @@ class BanditAllocation(Allocation):
         node ranked last got none: real runs of a profile where every pair serves everything in 0.1 s, 40 s, one
         node of four crawled 145 and 290 pages against about 2,800 for each of the others. The first pass gives
         such a node work before the others queue more (2026-12-04; docs/strategies.md, step 6)."""
-        idle = {nid: min(f, AHEAD) if not held.get(nid) and not queued.get(nid) else 0 for nid, f in free.items()}
-        ahead = {nid: min(f, max(0, AHEAD - queued.get(nid, 0))) for nid, f in free.items()}
-        result: list[tuple[Subtask, str]] = []
-        passes = [rooms for rooms in (idle, ahead) if any(rooms.values())]
-        for i, rooms in enumerate([*passes, free]):
-            if i:  # the walks of the free nodes start over with the new rooms
+        passes = 0
+
+        def matched(rooms: dict[str, int]) -> list[tuple[Subtask, str]]:
+            """The greedy over ``rooms`` (at most each node's free slots), charged to the free slots."""
+            nonlocal passes
+            if passes:  # the walks of the free nodes start over with the new rooms
                 for site in {id(cls.site): cls.site for cls in classes}.values():
                     site.rewind()
                 for cls in classes:
                     cls.rewind()
+            passes += 1
             given = dict(rooms)
-            result += greedy(classes, rooms)
-            if rooms is free:
-                break
-            for nid, f in given.items():
-                got = f - rooms[nid]
-                free[nid] -= got
-                if rooms is idle:  # what an idle node got is queued now
-                    ahead[nid] = max(0, min(ahead[nid] - got, free[nid]))
-            if not any(f > 0 for f in free.values()):
-                break
+            pairs = greedy(classes, rooms)
+            if rooms is not free:
+                for nid, f in given.items():
+                    free[nid] -= f - rooms[nid]
+            return pairs
+
+        idle = {nid: min(f, AHEAD) if not held.get(nid) and not queued.get(nid) else 0 for nid, f in free.items()}
+        result = matched(idle) if any(idle.values()) else []
+        now_queued = Counter(nid for _, nid in result)  # what the idle nodes got waits in their queues now
+        ahead = {nid: min(f, max(0, AHEAD - queued.get(nid, 0) - now_queued[nid])) for nid, f in free.items()}
+        if any(ahead.values()):
+            result += matched(ahead)
+        if any(f > 0 for f in free.values()):
+            result += matched(free)
         return result
 
     def _in_flight(self, key: tuple[str, str], now: float) -> bool:
@@ -944,8 +951,7 @@ class BanditAllocation(Allocation):
 
     def _match(self, explore: list[tuple[float, int, bool, Subtask, str, bool]], classes: Iterable[_Class],
                free: dict[str, int], now: float, cluster: int,
-               queued: Mapping[str, int] | None = None,
-               held: Mapping[str, int] | None = None) -> list[tuple[Subtask, str]]:
+               queued: Mapping[str, int], held: Mapping[str, int]) -> list[tuple[Subtask, str]]:
         assigned: set[str] = set()
         result: list[tuple[Subtask, str]] = []
         assert self.credit is not None
@@ -970,7 +976,7 @@ class BanditAllocation(Allocation):
             for cls in classes:
                 for q in cls.queues:
                     q[:] = [e for e in q if e[1].id not in assigned]
-        exploited = self._exploit(list(classes), free, queued or {}, held or {})
+        exploited = self._exploit(list(classes), free, queued, held)
         # The budget refills with a share of the pages sent and never banks more than a round of the cluster's nodes'
         # explorations.
         self.credit = min(self.credit + self.explore_share * sum(st.page_limit for st, _ in exploited),
