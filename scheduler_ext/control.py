@@ -850,7 +850,10 @@ class _Decider:
             if st.prev_node is not None and st.prev_node != nid:
                 writes += [Write.hincrby(k.node_counters(st.prev_node), "moved_out"),
                            Write.hincrby(k.node_counters(nid), "moved_in")]
-            self.decisions.append(Decision("allocate", [Guard.zrem(k.waiting, st.id)], writes, subject=st.id))
+            # Guarded by the node's registry entry too: a node that closed (release.lua deregisters it and drains its
+            # queue in one step) or was forgotten gets nothing more; the subtask stays waiting.
+            self.decisions.append(Decision("allocate", [Guard.zrem(k.waiting, st.id), Guard.hexists(k.nodes, nid)],
+                                           writes, subject=st.id))
 
     def _assignments(self, window: list[Subtask], nodes: list[NodeView]) -> list[tuple[Subtask, str]]:
         """The strategy's assignments; if it raises, each subtask alone, so that the one it fails on is

@@ -229,8 +229,7 @@ class SubtaskScheduler:
             self._send_remaining()
             leases = [(a.subtask.id, a.token, a.subtask.priority) for a in self.tracker.active.values()
                       if not a.lost]
-            moved = self.store.release(self.node_id, leases)
-            self.store.deregister(self.node_id)
+            moved = self.store.release(self.node_id, leases, deregister=True)
         except redis.RedisError as exc:  # Redis gone: the leases lapse and the control recalls them
             logger.error("could not return subtasks to waiting on close (%s); they will be recalled", exc)
             return

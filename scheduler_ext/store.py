@@ -83,6 +83,11 @@ class Guard(tuple):  # type: ignore[type-arg]
         """The field exists; it is removed."""
         return cls(("hdel", key, field))
 
+    @classmethod
+    def hexists(cls, key: str, field: str) -> Guard:
+        """The field exists (nothing removed)."""
+        return cls(("hexists", key, field))
+
 
 class Write(tuple):  # type: ignore[type-arg]
     """A write of :meth:`Store.commit` (commit.lua), built by name: ``Write.hset(key, field, value)``."""
@@ -242,14 +247,16 @@ class Store:
                 GROUP_NODES]
         return bool(self._finish(keys=keys, args=args))
 
-    def release(self, node: str, leases: Iterable[tuple[str, str, float]]) -> int:
-        """Return unfinished leased subtasks and the node's crawl queue to ``waiting``; how many moved."""
+    def release(self, node: str, leases: Iterable[tuple[str, str, float]], *, deregister: bool = False) -> int:
+        """Return unfinished leased subtasks and the node's crawl queue to ``waiting``; how many moved. With
+        ``deregister`` (a node's close) the node first leaves the registry in the same atomic step, so no
+        allocation reaches its crawl queue afterwards (allocations are guarded by the registry entry)."""
         k = self.keys
-        args: list[Any] = [node]
+        args: list[Any] = [node, "1" if deregister else "0"]
         for sid, token, priority in leases:
             args += [sid, token, priority]
-        return int(self._release(keys=[k.leases, k.lease_info, k.subtasks, k.waiting, k.crawl(node), k.queued],
-                                 args=args))
+        return int(self._release(keys=[k.leases, k.lease_info, k.subtasks, k.waiting, k.crawl(node), k.queued,
+                                       k.nodes, k.node_seen], args=args))
 
     def purge(self) -> int:
         """Delete every key of this deployment's prefix; how many. For the demo, experiments and tests, which own
@@ -258,12 +265,6 @@ class Store:
         for i in range(0, len(keys), 1000):
             self.redis.delete(*keys[i:i + 1000])
         return len(keys)
-
-    def deregister(self, node: str) -> None:
-        with self.redis.pipeline(transaction=True) as pipe:
-            pipe.hdel(self.keys.nodes, node)
-            pipe.zrem(self.keys.node_seen, node)
-            pipe.execute()
 
     # --- control side -----------------------------------------------------------------------------------------
     def snapshot(self, *, batch: int, max_bytes: int, recall_age: float, node_timeout: float, window: int,

@@ -624,3 +624,32 @@ def test_a_control_reserves_ids_a_block_at_a_time_and_never_hands_one_out_twice(
     ids = first + second + third
     assert len(set(ids)) == len(ids) and first == ["1", "2", "3"]
     assert min(map(int, third)) > max(map(int, second))
+
+
+def test_nothing_is_allocated_to_a_node_after_its_close_returned_its_queue(store: Store) -> None:
+    """`scrapy cluster down` stops the nodes while the controls still run. A tick that read a closing node as
+    registered (and idle: an idle node is served first) must not push into its crawl queue after the node's close
+    drained it: the subtask would sit there until a recall. The close deregisters and drains in one step and an
+    allocation is guarded by the registry entry, so the subtask stays waiting instead."""
+    from scheduler_ext.control import CountingIds, Entry, Snapshot, Strategies, decide
+    from scheduler_ext.strategies import NodeView
+
+    k = store.keys
+    raw = json.dumps({"name": "p", "sites": ["a.com", "b.com"]})
+    store.redis.lpush(k.virtual, raw)
+    store.heartbeat("n1", NODE_INFO, 30, [])
+    snap = Snapshot(keys=k, now=store.now(), estimates=NoEstimates(), ids=CountingIds(),
+                    virtual=[Entry(k.virtual, raw, len(raw))], nodes=[NodeView(id="n1", types=[0, 1], free=2)])
+    strategies = Strategies(allocation=SharedAllocation(), modification=FixedModification(3, 20.0),
+                            recall=DynamicRecall(), splitter=splitter)
+    split, *allocations = decide(snap, strategies, snap.now)
+    assert split.kind == "split" and [d.kind for d in allocations] == ["allocate", "allocate"]
+    assert store.commit_many([(split.guards, split.writes), (allocations[0].guards, allocations[0].writes)]) == [
+        True, True]
+    assert store.redis.llen(k.crawl("n1")) == 1  # registered: the first allocation landed
+    # The node closes between the tick's read and its commit of the second allocation.
+    assert store.release("n1", [], deregister=True) == 1
+    assert not store.redis.hexists(k.nodes, "n1") and store.redis.zscore(k.node_seen, "n1") is None
+    assert store.commit_many([(allocations[1].guards, allocations[1].writes)]) == [False]
+    assert store.redis.llen(k.crawl("n1")) == 0 and store.redis.zcard(k.queued) == 0
+    assert store.redis.zcard(k.waiting) == 2  # both wait for another node: nothing lost, nothing stranded

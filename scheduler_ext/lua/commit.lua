@@ -16,6 +16,7 @@ ones after it. Decisions are applied in order, so a later one sees what an earli
       ["lrem", list, value]                         value is in the list; one occurrence is removed
       ["zscore_le", zset, member, x]                member's score is <= x (checked, nothing removed)
       ["hdel", hash, field]                         the field exists; it is removed
+      ["hexists", hash, field]                      the field exists (checked, nothing removed)
     writes (built by scheduler_ext.store.Write):
       ["hset", k, f, v] ["hdel", k, f] ["zadd", k, score, m] ["zrem", k, m] ["lpush", k, v]
       ["hincrby", k, f, n] ["del", k] ["sadd", k, m]
@@ -27,7 +28,7 @@ write; nothing of it applied).
 
 local decisions = cjson.decode(ARGV[1])
 
-local knownGuards = {tail_is = 1, tail_sha1_is = 1, lease_is = 1, zrem = 1, lrem = 1, zscore_le = 1, hdel = 1}
+local knownGuards = {tail_is = 1, tail_sha1_is = 1, lease_is = 1, zrem = 1, lrem = 1, zscore_le = 1, hdel = 1, hexists = 1}
 local knownWrites = {hset = 1, hdel = 1, zadd = 1, zrem = 1, lpush = 1, hincrby = 1, del = 1, sadd = 1}
 
 local function wellFormed(guards, writes)
@@ -51,7 +52,7 @@ local function holds(g)
     return redis.call('ZSCORE', g[2], g[3]) ~= false
   elseif op == 'lrem' then
     return redis.call('LPOS', g[2], g[3]) ~= false
-  elseif op == 'hdel' then
+  elseif op == 'hdel' or op == 'hexists' then
     return redis.call('HEXISTS', g[2], g[3]) == 1
   elseif op == 'zscore_le' then
     local score = redis.call('ZSCORE', g[2], g[3])

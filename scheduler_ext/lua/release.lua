@@ -1,5 +1,6 @@
 --[[
-release: a closing node gives back the leased subtasks it will not finish, and its whole crawl queue, to waiting.
+release: a closing node gives back the leased subtasks it will not finish, and its whole crawl queue, to waiting;
+on close it first leaves the registry, in the same step, so no allocation can reach its queue after the drain.
 
   KEYS[1] leasesKey    leases
   KEYS[2] leaseInfoKey lease_info
@@ -7,19 +8,28 @@ release: a closing node gives back the leased subtasks it will not finish, and i
   KEYS[4] waitingKey   waiting: subtask id -> priority
   KEYS[5] crawlKey     crawl:<node>
   KEYS[6] queuedKey    queued
+  KEYS[7] nodesKey     nodes
+  KEYS[8] seenKey      node_seen
 
   ARGV[1] node         the node's id
-  ARGV[2..] id, token, priority triples of the leases it holds
+  ARGV[2] deregister   "1": remove the node from nodes and node_seen first (its close); "0": keep it
+  ARGV[3..] id, token, priority triples of the leases it holds
 
 Returns how many subtasks went back to waiting. Crawl-queue entries that cannot be read stay, in order, for a
 node's take script to move to `failed` with the reason.
 ]]
 
-local leasesKey, leaseInfoKey, subtasksKey, waitingKey, crawlKey, queuedKey =
-  KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
+local leasesKey, leaseInfoKey, subtasksKey, waitingKey, crawlKey, queuedKey, nodesKey, seenKey =
+  KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8]
 
+-- An allocation is guarded by the node's registry entry (commit.lua `hexists`), so once the entry is gone
+-- nothing more lands in the crawl queue drained below.
+if ARGV[2] == '1' then
+  redis.call('HDEL', nodesKey, ARGV[1])
+  redis.call('ZREM', seenKey, ARGV[1])
+end
 local n = 0
-for i = 2, #ARGV, 3 do
+for i = 3, #ARGV, 3 do
   local id, token, priority = ARGV[i], ARGV[i + 1], ARGV[i + 2]
   local raw = redis.call('HGET', leaseInfoKey, id)
   local ok, lease = pcall(cjson.decode, raw or '')
