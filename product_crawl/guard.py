@@ -10,16 +10,20 @@ no link of a page; these components make that a rule rather than a habit:
     ``ftp:`` and ``s3:`` (whose handlers are off on nodes anyway), fails with :class:`RequestRefused` naming the
     URL; the subtask middleware turns that into a failed page, so the subtask fails with that reason. ``dont_filter``
     does not bypass it (it does Scrapy's own offsite middleware). Stat: ``pc/guard/offsite``.
-:class:`FieldLimitPipeline` (item pipeline, before storage)
-    Refuses an item with a text field longer than ``PC_ITEM_FIELD_MAXLEN`` characters (:class:`ItemRefused`); the
-    item ends in ``item_error`` and its subtask fails with the field's name and length. Stat: ``pc/guard/item_refused``.
 
-:class:`GuardAddon` adds them to a crawler (the search spider's ``ADDONS``), keeping any order a project gave them.
+The storage (:class:`product_crawl.pipelines.MongoPipeline`)
+    Refuses an item with a text field longer than ``PC_ITEM_FIELD_MAXLEN`` characters (:class:`ItemRefused`, raised by
+    :func:`check_fields`) before writing it; the item ends in ``item_error`` and its subtask fails with the field's
+    name and length. Stat: ``pc/guard/item_refused``. The storage already looks at every field of every item; a
+    pipeline of its own was one more coroutine stage per item.
 
 :class:`PageSizeMiddleware` (downloader middleware, nearest the downloader)
     Pages larger than Scrapy's ``DOWNLOAD_MAXSIZE`` (product_crawl sets 2 MiB) are cancelled by Scrapy itself. When
     the server did not announce the size, Scrapy's exception has no message (it only logs one); this middleware
     gives it one, so the failed page and its subtask say why. Stat: ``pc/guard/page_too_large``.
+
+:class:`GuardAddon` adds the two middlewares to a crawler (the search spider's ``ADDONS``), keeping any order a
+project gave them.
 """
 
 from __future__ import annotations
@@ -29,7 +33,6 @@ import weakref
 from typing import Any
 from urllib.parse import urlsplit
 
-from itemadapter import ItemAdapter
 from scrapy import Request, signals
 from scrapy.exceptions import DownloadCancelledError
 
@@ -95,31 +98,18 @@ class PageSizeMiddleware:
             exception.args = (f"page larger than DOWNLOAD_MAXSIZE ({maxsize} bytes) refused: {request.url[:200]}",)
 
 
-class FieldLimitPipeline:
-    """Text fields of at most ``PC_ITEM_FIELD_MAXLEN`` characters (see the module docstring)."""
-
-    def __init__(self, crawler: Any, maxlen: int) -> None:
-        self.crawler = crawler
-        self.maxlen = maxlen
-
-    @classmethod
-    def from_crawler(cls, crawler: Any) -> FieldLimitPipeline:
-        return cls(crawler, crawler.settings.getint("PC_ITEM_FIELD_MAXLEN", DEFAULT_ITEM_FIELD_MAXLEN))
-
-    async def process_item(self, item: Any) -> Any:
-        for name, value in ItemAdapter(item).items():
-            if isinstance(value, str) and len(value) > self.maxlen:
-                self.crawler.stats.inc_value("pc/guard/item_refused")
-                raise ItemRefused(f"field {name!r} has {len(value)} characters, over PC_ITEM_FIELD_MAXLEN "
-                                  f"({self.maxlen}); item from {ItemAdapter(item).get('url')!r:.120} refused")
-        return item
+def check_fields(doc: dict[str, Any], maxlen: int) -> None:
+    """Raise :class:`ItemRefused` naming the first text field of ``doc`` longer than ``maxlen`` characters."""
+    for name, value in doc.items():
+        if type(value) is str and len(value) > maxlen:
+            raise ItemRefused(f"field {name!r} has {len(value)} characters, over PC_ITEM_FIELD_MAXLEN ({maxlen}); "
+                              f"item from {doc.get('url')!r:.120} refused")
 
 
 class GuardAddon:
-    """Adds :class:`EngineHostMiddleware` (50), :class:`PageSizeMiddleware` (990, after the subtask middleware's
-    900, so it sees an exception first) and :class:`FieldLimitPipeline` (100, before storage at 300)."""
+    """Adds :class:`EngineHostMiddleware` (50) and :class:`PageSizeMiddleware` (990, after the subtask middleware's
+    900, so it sees an exception first)."""
 
     def update_settings(self, settings: Any) -> None:
         settings.setdefault_in_component_priority_dict("DOWNLOADER_MIDDLEWARES", EngineHostMiddleware, 50)
         settings.setdefault_in_component_priority_dict("DOWNLOADER_MIDDLEWARES", PageSizeMiddleware, 990)
-        settings.setdefault_in_component_priority_dict("ITEM_PIPELINES", FieldLimitPipeline, 100)

@@ -4,7 +4,8 @@ Settings: ``MONGO_URI`` (default mongodb://127.0.0.1:27017), ``MONGO_DATABASE``,
 ``PC_MONGO_BATCH_SIZE`` (items per bulk write), ``PC_MONGO_BATCH_DELAY`` (seconds the first item of a batch waits
 for others while no write is in flight), ``PC_MONGO_TIMEOUT`` (seconds before an unanswered write counts as
 failed), ``PC_MONGO_OUTAGE`` (seconds a batch is retried while MongoDB cannot be reached at all, before its items
-fail; 0 = no retry).
+fail; 0 = no retry), ``PC_ITEM_FIELD_MAXLEN`` (an item with a longer text field is refused before it is written:
+:func:`product_crawl.guard.check_fields`).
 
 Writes are a group commit: one bulk write in flight at a time (a second only when a batch fills up meanwhile);
 the items that arrive while it is in flight form the next batch, written as soon as it is answered. So an item
@@ -42,6 +43,8 @@ from scrapy.utils.defer import deferred_to_future
 from twisted.internet import defer, reactor, threads
 from w3lib.url import canonicalize_url
 
+from product_crawl.guard import DEFAULT_ITEM_FIELD_MAXLEN, ItemRefused, check_fields
+
 logger = logging.getLogger(__name__)
 
 DEFAULT_MONGO_URI = "mongodb://127.0.0.1:27017"
@@ -74,8 +77,10 @@ class StorageUnreachable(StorageError):
 
 class MongoPipeline:
     def __init__(self, uri: str, database: str, collection: str, batch_size: int = 100,
-                 batch_delay: float = 0.02, timeout: float = 10.0, outage: float = 60.0) -> None:
+                 batch_delay: float = 0.02, timeout: float = 10.0, outage: float = 60.0,
+                 field_maxlen: int = DEFAULT_ITEM_FIELD_MAXLEN, stats: Any = None) -> None:
         self.uri, self.database_name, self.collection_name = uri, database, collection
+        self.field_maxlen, self.stats = field_maxlen, stats
         self.timeout, self.outage = timeout, outage
         self.batch_size, self.batch_delay = batch_size, batch_delay
         self.client: Any = None
@@ -93,7 +98,8 @@ class MongoPipeline:
         return cls(s.get("MONGO_URI") or DEFAULT_MONGO_URI, s.get("MONGO_DATABASE") or "product_crawl",
                    s.get("PC_MONGO_COLLECTION") or "items", s.getint("PC_MONGO_BATCH_SIZE", 100),
                    s.getfloat("PC_MONGO_BATCH_DELAY", 0.02), s.getfloat("PC_MONGO_TIMEOUT", 10.0),
-                   s.getfloat("PC_MONGO_OUTAGE", 60.0))
+                   s.getfloat("PC_MONGO_OUTAGE", 60.0), s.getint("PC_ITEM_FIELD_MAXLEN", DEFAULT_ITEM_FIELD_MAXLEN),
+                   crawler.stats)
 
     async def open_spider(self) -> None:
         ms = int(self.timeout * 1000)
@@ -120,6 +126,12 @@ class MongoPipeline:
         doc = dict(adapter)  # asdict() looks into every value for nested items: 6 times the cost of this copy
         if not all(type(value) in _PLAIN for value in doc.values()):
             doc = adapter.asdict()
+        try:
+            check_fields(doc, self.field_maxlen)
+        except ItemRefused:
+            if self.stats is not None:
+                self.stats.inc_value("pc/guard/item_refused")
+            raise
         doc["fingerprint"] = fingerprint(doc["url"])
         refreshed = {"last_crawled_at": doc.get("crawled_at", time.time()), "last_node_id": doc.get("node_id"),
                      "last_subtask_id": doc.get("subtask_id")}

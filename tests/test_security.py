@@ -14,6 +14,7 @@ import pytest
 import redis as redis_lib
 from conftest import FAST_PROFILE, FAST_SETTINGS, run_scrapy
 from scrapy import Request
+from scrapy.statscollectors import MemoryStatsCollector
 from scrapy.utils.test import get_crawler
 from test_node import subtask
 
@@ -21,7 +22,8 @@ from product_crawl import services
 from product_crawl.cluster import LocalCluster, NodeSpec
 from product_crawl.deploy import plan
 from product_crawl.engines import get_engine
-from product_crawl.guard import EngineHostMiddleware, FieldLimitPipeline, ItemRefused, RequestRefused
+from product_crawl.guard import EngineHostMiddleware, ItemRefused, RequestRefused, check_fields
+from product_crawl.pipelines import MongoPipeline
 from product_crawl.services import (
     free_port,
     generate_password,
@@ -74,13 +76,15 @@ def _result(coro: Any) -> Any:
     raise AssertionError("the coroutine suspended")
 
 
-def test_field_limit_pipeline_refuses_an_oversized_field_with_its_name() -> None:
+def test_storage_refuses_an_oversized_field_with_its_name_before_writing() -> None:
     crawler = get_crawler(settings_dict={"PC_ITEM_FIELD_MAXLEN": 100})
-    pipeline = FieldLimitPipeline.from_crawler(crawler)
-    ok = {"title": "t" * 100, "url": "http://x.example/"}
-    assert _result(pipeline.process_item(ok)) is ok
+    crawler.stats = MemoryStatsCollector(crawler)
+    pipeline = MongoPipeline.from_crawler(crawler)
+    check_fields({"title": "t" * 100, "url": "http://x.example/", "rank": 10 ** 6}, 100)  # at the limit: kept
     with pytest.raises(ItemRefused, match=r"field 'snippet' has 101 characters, over PC_ITEM_FIELD_MAXLEN \(100\)"):
         _result(pipeline.process_item({"snippet": "s" * 101, "url": "http://x.example/"}))
+    assert not pipeline._batch  # nothing queued for MongoDB
+    assert crawler.stats.get_value("pc/guard/item_refused") == 1
 
 
 def _failed_reasons(cluster: LocalCluster) -> dict[str, str]:
