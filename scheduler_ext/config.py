@@ -150,7 +150,7 @@ class Config:
     explore_runs: int = 1
     estimate_stale: float = 600.0
     estimate_half_life: float = 30.0
-    explore_share: float = 0.5
+    explore_share: float = 0.2
     explore_pages: int = 3
     bandit_seed: int | None = None
     slow_factor: float = 3.0

@@ -63,7 +63,7 @@ DEFAULTS: dict[str, Any] = {
     "SCHEDEXT_PATIENCE": 30.0,  # seconds a subtask waits for a good node before any eligible node will do
     "SCHEDEXT_ESTIMATE_STALE": 600.0,  # seconds after which a (site, node) estimate is explored again
     "SCHEDEXT_ESTIMATE_HALF_LIFE": 30.0,  # seconds; bandit: prior half-life of unused evidence (then learnt)
-    "SCHEDEXT_EXPLORE_SHARE": 0.5,  # bandit: the exploration budget, a share of the pages sent
+    "SCHEDEXT_EXPLORE_SHARE": 0.2,  # bandit: the exploration budget, a share of the pages sent
     "SCHEDEXT_EXPLORE_PAGES": 3,  # bandit: pages an exploration crawls at most (0: its whole subtask)
     "SCHEDEXT_BANDIT_SEED": None,  # int; bandit's random draws (None: different every run)
     "SCHEDEXT_PAGE_LIMIT_MIN": 1,

@@ -10,7 +10,7 @@ averages, so that
 * exploration goes where it can change a decision: a pair is tried only when a Thompson draw from its posterior
   beats the best *expected* rate on the site (a pair known to be bad almost never does; a pair not seen for a
   while, or never, often does), and only while the exploration budget lasts;
-* the budget is a share of the pages sent (``SCHEDEXT_EXPLORE_SHARE`` of them, default 0.5), so exploration
+* the budget is a share of the pages sent (``SCHEDEXT_EXPLORE_SHARE`` of them, default 0.2), so exploration
   stays bounded however many pairs there are, and drift is caught without a staleness timer; an exploration
   crawls only the first ``SCHEDEXT_EXPLORE_PAGES`` (3) pages of its subtask (:data:`EXPLORE_PAGES`).
 
@@ -381,7 +381,7 @@ class _Weighing:
 
 
 class BanditAllocation(Allocation):
-    def __init__(self, *, rate_floor: float = 0.6, patience: float = 30.0, explore_share: float = 0.5,
+    def __init__(self, *, rate_floor: float = 0.6, patience: float = 30.0, explore_share: float = 0.2,
                  half_life: float = 30.0, explore_timeout: float = 60.0, recall_max: int = 5,
                  seed: int | None = 0, explore_pages: int = EXPLORE_PAGES, page_limit: int = 5) -> None:
         self.rate_floor = rate_floor
