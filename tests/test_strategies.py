@@ -978,14 +978,17 @@ def test_bandit_learns_how_fast_evidence_fades_from_the_changes_it_sees() -> Non
 
 
 def test_bandit_explores_within_its_budget() -> None:
-    # One known-good node and 20 never-tried free ones; 300 ticks of one subtask each.
+    # One node known good on a.com, 20 known as good on b.com and never tried on a.com; 300 ticks of a subtask of
+    # each site. Every one of the 20 has work as good as any in the window: an exploration of a.com forgoes all of it.
     est = SumsEstimates().runs("a.com", "good", GOOD, GOOD, GOOD)
+    for i in range(20):
+        est.runs("b.com", f"n{i}", GOOD, GOOD, GOOD)
     nodes = [node("good"), *[node(f"n{i}") for i in range(20)]]
     strategy = BanditAllocation(explore_share=0.1, explore_timeout=0.5)
     sent: list[tuple[Subtask, str]] = []
     for tick in range(300):
-        sent += strategy.allocate([st(f"s{tick}")], nodes, est, NOW + tick)
-    assert len(sent) == 300
+        sent += strategy.allocate([st(f"s{tick}"), st(f"b{tick}", site="b.com")], nodes, est, NOW + tick)
+    assert len(sent) > 550  # placed at once, but when "good" explores b.com and a.com waits for it
     # Explorations crawl their subtask's first EXPLORE_PAGES pages only; exploiting assignments all 5.
     explored = [s for s, _ in sent if s.page_limit < 5]
     assert len(explored) == strategy.explored >= 1
@@ -993,6 +996,43 @@ def test_bandit_explores_within_its_budget() -> None:
     exploited = sum(s.page_limit for s, _ in sent if s.page_limit == 5)
     # The budget is in pages: the start-up's (one exploration per node) plus a tenth of the exploiting pages.
     assert EXPLORE_PAGES * len(explored) <= EXPLORE_PAGES * len(nodes) + 0.1 * exploited
+
+
+def test_bandit_charges_an_exploration_what_its_node_forgoes() -> None:
+    # a.com's best is "good"; b.com's "b", twice as fast (GOOD's pages in half the time). A subtask of each waits.
+    fast = (10, 100, 93, 0.5, True)
+    bad = (10, 100, 20, 0.5, True)  # a fifth of "fast"'s share, as fast: a fifth of b.com's best rate
+    est = (SumsEstimates().runs("a.com", "good", GOOD, GOOD, GOOD).runs("b.com", "b", fast, fast, fast)
+           .runs("b.com", "n2", fast, fast, fast).runs("b.com", "n3", bad, bad, bad))
+    window = [st("s1"), st("b1", site="b.com")]
+
+    def explorers(free: str, credit: float) -> Counter[str]:
+        """Who explores a.com, over 40 seeds, with ``credit`` pages of budget and only ``free`` free."""
+        out: Counter[str] = Counter()
+        for seed in range(40):
+            strategy = BanditAllocation(explore_share=0, seed=seed)
+            strategy.credit = credit
+            for s, nid in strategy.allocate(window, [node("good", 0), node("b", 0), node(free)], est, NOW):
+                if s.site == "a.com":
+                    assert s.page_limit == EXPLORE_PAGES
+                    out[nid] += 1
+        return out
+
+    # n1 never ran anywhere: it has nothing in the window, an exploration forgoes nothing and needs no budget.
+    assert explorers("n1", 0.0)["n1"] >= 10
+    # n2 collects on b.com twice what a.com's best does: a draw on a.com that beats a.com's best but not that
+    # would take it from better work; it explores only when its draw beats its rate on b.com, seldom.
+    assert explorers("n2", 1e9)["n2"] <= 4
+    assert explorers("n1", 1e9)["n1"] >= 10  # n1, in its place, as often as without budget
+    # n3 collects a fraction of b.com's best rate, the best in the window: its explorations cost that fraction of
+    # their pages (its expected rate over the best, as the exploit ranking rates them).
+    sums = est.site_sums("b.com")
+    rates = posterior_module.expected_rates(sums, now=NOW, half_life=0, theta0=BanditAllocation._prior(sums)[0],
+                                            rho0=BanditAllocation._prior(sums)[1])
+    share = rates["n3"] / rates["b"]
+    assert 0.1 < share < 0.5
+    assert explorers("n3", EXPLORE_PAGES * share * 0.999)["n3"] == 0
+    assert explorers("n3", EXPLORE_PAGES * share * 1.001)["n3"] >= 10
 
 
 def test_bandit_draws_twice_as_many_free_nodes_for_a_sites_first_subtask_in_a_call() -> None:

@@ -12,7 +12,10 @@ averages, so that
   while, or never, often does), and only while the exploration budget lasts;
 * the budget is a share of the pages sent (``SCHEDEXT_EXPLORE_SHARE`` of them, default 0.2), so exploration
   stays bounded however many pairs there are, and drift is caught without a staleness timer; an exploration
-  crawls only the first ``SCHEDEXT_EXPLORE_PAGES`` (3) pages of its subtask (:data:`EXPLORE_PAGES`).
+  crawls only the first ``SCHEDEXT_EXPLORE_PAGES`` (3) pages of its subtask (:data:`EXPLORE_PAGES`), and costs
+  the budget what its node forgoes: its pages times the node's best expected rate on the window's sites over the
+  best of any node there. A node with nothing good to do gives up little by trying a pair; one with the best work
+  in the window pays every page.
 
 Per tick, over the window of waiting subtasks the control passes (priority order):
 
@@ -23,11 +26,13 @@ Per tick, over the window of waiting subtasks the control passes (priority order
    best share and the best pace seen on the site (optimism), with the weight of three pages (about a failed run).
 3. Exploit: a free candidate whose expected rate is at least ``SCHEDEXT_RATE_FLOOR`` of the best expected rate
    (late binding, as in the paper's strategy); after ``SCHEDEXT_PATIENCE`` seconds of waiting, any candidate.
-4. Explore: up to ``EXPLORE_SAMPLE`` free candidates are drawn; one whose Thompson draw beats the best expected rate
-   (and that step 3 would not pick, unless the pair's only runs were blank) is an exploration. Explorations go
-   first, best draw first, each costing its pages of the budget; a site no candidate has data on needs no budget
-   (there is nothing to exploit). One exploration per pair is in flight at a time: until the pair's run reports
-   blank, until a run of it reported :data:`EXPLORE_REST` seconds ago, or for the recall age
+4. Explore: up to ``EXPLORE_SAMPLE`` free candidates are drawn; one whose Thompson draw is above the site's floor
+   and beats every expected rate the node has on the window's sites (what it is given otherwise), and that step 3
+   would not pick (unless the pair's only runs were blank), is an exploration (on a site no candidate has data on,
+   any draw: the prior's rate there says nothing). Explorations go first, best draw
+   first, each costing its pages of the budget times what its node forgoes (above); a site no candidate has data
+   on needs no budget (there is nothing to exploit). One exploration per pair is in flight at a time: until the
+   pair's run reports blank, until a run of it reported :data:`EXPLORE_REST` seconds ago, or for the recall age
    (:meth:`BanditAllocation._in_flight`). A pair last run before the site's latest change of treatment (any
    node's ``Sums.cp``) is drawn from the prior, as untried;
    so is any pair, with probability ``1 - exp(-H)`` for ``H`` the cluster's changes per pair since it was last
@@ -640,11 +645,12 @@ class BanditAllocation(Allocation):
             if cls.known:
                 cls.queues[now - st.since < self.patience].append((order, st))
         # Exploration: a few free candidates per subtask, each a Thompson draw. A run can change a decision if the
-        # draw beats the best expected rate on the site; else (the draw is between the site's floor and its best:
-        # the node would be eligible here) if it beats every expected rate the node has on the window's sites, what
-        # it would otherwise be given. (Measured against "if the node has nothing at the site's floor elsewhere":
-        # bench_quality drift, 10 worlds, a pair clearly better for its node used within 14.1 s at the p90 instead of
-        # 21.1 s; the simulator's paper profile, 8 seeds, dynamic / oracle 0.967 against 0.965.)
+        # draw is above the site's floor (the node would be eligible here) and beats every expected rate the node has
+        # on the window's sites, what it would otherwise be given. (Until 2026-12-05 a draw above the site's best
+        # explored whatever the node had elsewhere: at 1,000 nodes x 200 sites, nodes that had found their suited
+        # site kept trying others; docs/experiment.md, "An exploration costs what its node forgoes".) An exploration
+        # costs the budget its pages times what the node forgoes: its best rate on the window's sites over the best
+        # of any node there (see the module doc).
         overridden: dict[str, float] = {}  # node -> its best product-specific rate among the window's classes
         for cls in classes.values():
             for nid, m in cls.rates.items():
@@ -652,28 +658,26 @@ class BanditAllocation(Allocation):
         tops = sorted(((-r.by_rate[0][0], i, r) for i, r in enumerate(s.ranking for s in sites.values())
                        if r.by_rate), reverse=True)
 
-        scanned: dict[str, list[Any]] = {}  # node -> [rows of ``tops`` scanned, its best rate on them]
+        top = tops[0][0] if tops else 0.0  # the best expected rate of any node on the window's sites
+        owns: dict[str, float] = {}  # node -> its best expected rate on the window's sites (see own)
 
-        def busy(nid: str, rate: float) -> bool:
-            """True if ``nid`` has an expected rate of at least ``rate`` on one of the window's sites (classes).
-            A node's rate on a site is at most the site's best, so the sites are scanned best first and only while
-            their best reaches ``rate``; the next question about the node resumes where this one stopped (the
-            draws are all different: each node's sites are scanned once per call, whatever it is asked)."""
-            if overridden.get(nid, 0.0) >= rate:
-                return True
-            state = scanned.get(nid)
-            if state is None:
-                state = scanned[nid] = [0, 0.0]
-            i, best = state
-            while best < rate and i < len(tops) and tops[i][0] >= rate:
-                v = tops[i][2].c.get(nid, 0.0)
-                if v > best:
-                    best = v
-                i += 1
-            state[0], state[1] = i, best
-            return best >= rate  # type: ignore[no-any-return]
+        def own(nid: str) -> float:
+            """``nid``'s best expected rate on the window's sites (its classes' product rates included): what it is
+            given if it does not explore. A node's rate on a site is at most the site's best, so the sites are
+            scanned best first and only while their best beats what was found; once per node and call."""
+            best = owns.get(nid)
+            if best is None:
+                best = overridden.get(nid, 0.0)
+                for site_best, _, ranking in tops:
+                    if site_best <= best:
+                        break
+                    rate = ranking.c.get(nid, 0.0)
+                    if rate > best:
+                        best = rate
+                owns[nid] = best
+            return best
 
-        explore: list[tuple[float, int, bool, Subtask, str, bool]] = []
+        explore: list[tuple[float, int, bool, Subtask, str, bool, float]] = []
         in_flight = self._in_flight
         half_life = self.effective_half_life
         hazard = self.hazard
@@ -689,12 +693,9 @@ class BanditAllocation(Allocation):
             return hit[1]
 
         assert self.credit is not None
-        # No budget for a page, nothing granted: this tick explores only sites no candidate has data on (the budget
-        # refills after the matching), so drawing for the others would decide nothing (at a thousand nodes, most ticks).
-        broke = self.credit < 1 and self.granted < 1
         drawn: set[str] = set()  # the sites a subtask of which was drawn for in this call
         for order, st, cls in window:
-            if cls.top > 0 and (st.attempt > 0 or broke):
+            if cls.top > 0 and st.attempt > 0:
                 continue  # a subtask that failed already must not risk another recall on a pair being tried,
                 # unless no candidate is known to collect anything (it would wait for its patience, or forever)
             best = cls.top
@@ -731,10 +732,12 @@ class BanditAllocation(Allocation):
                     self.rng, s, now=now, half_life=half_life, theta0=theta0, rho0=rho0, pace=cls.posts.get(nid))
                 if draw <= self.rate_floor * best:
                     continue
-                if draw <= best and busy(nid, draw):
+                mine = own(nid)
+                if mine >= draw and best > 0:
                     continue  # worth it only if the draw beats what the node is known to do on the window's sites
+                    # (on a site nobody has data on, anything is an exploration: the prior's rate says nothing)
                 explore.append((-draw / best if best > 0 else -math.inf, order, best <= 0, st, nid,
-                                seen is not None and s is None))
+                                seen is not None and s is None, min(1.0, mine / top) if top > 0 else 1.0))
         queued = {n.id: n.queued for n in nodes}
         held = {n.id: n.held for n in nodes}
         return self._match(explore, classes.values(), free, now, len(nodes), queued, held)
@@ -949,20 +952,20 @@ class BanditAllocation(Allocation):
                                            -math.inf, self.rate_floor)
         return cls
 
-    def _match(self, explore: list[tuple[float, int, bool, Subtask, str, bool]], classes: Iterable[_Class],
+    def _match(self, explore: list[tuple[float, int, bool, Subtask, str, bool, float]], classes: Iterable[_Class],
                free: dict[str, int], now: float, cluster: int,
                queued: Mapping[str, int], held: Mapping[str, int]) -> list[tuple[Subtask, str]]:
         assigned: set[str] = set()
         result: list[tuple[Subtask, str]] = []
         assert self.credit is not None
         explore.sort(key=operator.itemgetter(0, 1))  # highest draw / best first, then priority
-        for _, _, needed, st, nid, stale in explore:
+        for _, _, needed, st, nid, stale, forgone in explore:
             if st.id in assigned or free.get(nid, 0) <= 0 or self._in_flight((st.site, nid), now):
                 continue
             pages = min(st.page_limit, self.explore_pages)
             if not needed:
-                if self.credit >= pages:
-                    self.credit -= pages
+                if self.credit >= pages * forgone:
+                    self.credit -= pages * forgone
                 elif stale and self.granted >= 1:  # a pair re-opened as changed: what the changes found grant
                     self.granted -= 1
                 else:
