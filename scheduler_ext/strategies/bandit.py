@@ -29,9 +29,9 @@ Per tick, over the window of waiting subtasks the control passes (priority order
 4. Explore: up to ``EXPLORE_SAMPLE`` free candidates are drawn; one whose Thompson draw is above the site's floor
    and beats every expected rate the node has on the window's sites (what it is given otherwise), and that step 3
    would not pick (unless the pair's only runs were blank), is an exploration (on a site no candidate has data on,
-   any draw: the prior's rate there says nothing). Explorations go first, best draw
-   first, each costing its pages of the budget times what its node forgoes (above); a site no candidate has data
-   on needs no budget (there is nothing to exploit). One exploration per pair is in flight at a time: until the
+   any draw: the prior's rate there says nothing). Explorations go first, best draw first, each costing its pages
+   of the budget times what its node forgoes (above); a site no candidate has data on needs no budget (there is
+   nothing to exploit). One exploration per pair is in flight at a time: until the
    pair's run reports blank, until a run of it reported :data:`EXPLORE_REST` seconds ago, or for the recall age
    (:meth:`BanditAllocation._in_flight`). A pair last run before the site's latest change of treatment (any
    node's ``Sums.cp``) is drawn from the prior, as untried;
@@ -646,7 +646,7 @@ class BanditAllocation(Allocation):
                 cls.queues[now - st.since < self.patience].append((order, st))
         # Exploration: a few free candidates per subtask, each a Thompson draw. A run can change a decision if the
         # draw is above the site's floor (the node would be eligible here) and beats every expected rate the node has
-        # on the window's sites, what it would otherwise be given. (Until 2026-12-05 a draw above the site's best
+        # on the window's sites, what it would otherwise be given. (Until 2026-12-04 a draw above the site's best
         # explored whatever the node had elsewhere: at 1,000 nodes x 200 sites, nodes that had found their suited
         # site kept trying others; docs/experiment.md, "An exploration costs what its node forgoes".) An exploration
         # costs the budget its pages times what the node forgoes: its best rate on the window's sites over the best
@@ -665,17 +665,17 @@ class BanditAllocation(Allocation):
             """``nid``'s best expected rate on the window's sites (its classes' product rates included): what it is
             given if it does not explore. A node's rate on a site is at most the site's best, so the sites are
             scanned best first and only while their best beats what was found; once per node and call."""
-            best = owns.get(nid)
-            if best is None:
-                best = overridden.get(nid, 0.0)
+            found = owns.get(nid)
+            if found is None:
+                found = overridden.get(nid, 0.0)
                 for site_best, _, ranking in tops:
-                    if site_best <= best:
+                    if site_best <= found:
                         break
                     rate = ranking.c.get(nid, 0.0)
-                    if rate > best:
-                        best = rate
-                owns[nid] = best
-            return best
+                    if rate > found:
+                        found = rate
+                owns[nid] = found
+            return found
 
         explore: list[tuple[float, int, bool, Subtask, str, bool, float]] = []
         in_flight = self._in_flight
