@@ -8,12 +8,16 @@ starts. The oracle's rate is checked against the profile it reads from a real si
 from __future__ import annotations
 
 import json
+import os
 import random
+import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
-from conftest import run_scrapy
+from conftest import PROJECT, run_scrapy
 
 from product_crawl.experiment import ExperimentError, make_options
 from product_crawl.experiment.machine import fastest
@@ -206,6 +210,68 @@ def test_no_node_starves_where_every_pair_is_alike(scrapy_env: dict[str, str], p
     nodes = json.loads((out / "summary.json").read_text(encoding="utf-8"))["runs"]["dynamic"]["nodes"]
     pages = {name: node["pages"] for name, node in nodes.items()}
     assert len(pages) == 4 and min(pages.values()) >= 0.4 * sum(pages.values()) / 4, pages
+
+
+def _descendants(pid: int) -> dict[int, bytes]:
+    """pid -> command line of every process below ``pid`` (from /proc)."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(entry.name))
+    found: dict[int, bytes] = {}
+    todo = list(children.get(pid, []))
+    while todo:
+        p = todo.pop()
+        try:
+            found[p] = Path(f"/proc/{p}/cmdline").read_bytes()
+        except OSError:
+            continue
+        todo += children.get(p, [])
+    return found
+
+
+def _alive(pid: int, cmdline: bytes) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        return Path(f"/proc/{pid}/cmdline").read_bytes() == cmdline and stat.rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_an_experiment_stopped_by_sigterm_stops_its_cluster(scrapy_env: dict[str, str], prefix: str, mongo_db: str,
+                                                            tmp_path: Path) -> None:
+    # A supervisor, or kill, stops the command with SIGTERM in the middle of a run. Its nodes, control and simulated
+    # web stop with it: left running, they went on crawling from the experiment's queues (into the next run's).
+    proc = subprocess.Popen([sys.executable, "-m", "scrapy", "experiment", "--profile", "alike", "--strategies",
+                             "dynamic", "--duration", "120", "--machine-seconds", "0", "--out", str(tmp_path / "out"),
+                             "--prefix", prefix, "--database", mongo_db], cwd=PROJECT, env=scrapy_env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    marker = f"SCHEDEXT_PREFIX={prefix}".encode()
+    running: dict[int, bytes] = {}
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and proc.poll() is None:  # until the 4 nodes and the control run
+            running = _descendants(proc.pid)
+            if sum(marker in cmd for cmd in running.values()) >= 5:
+                break
+            time.sleep(0.2)
+        assert sum(marker in cmd for cmd in running.values()) >= 5, (running, proc.poll())
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=90)
+        assert proc.returncode == 130 and "interrupted" in err, err[-3000:]
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and any(_alive(p, c) for p, c in running.items()):
+            time.sleep(0.2)
+        assert [c for p, c in running.items() if _alive(p, c)] == []
+    finally:
+        proc.kill()
+        for p, c in running.items():
+            if _alive(p, c):
+                os.kill(p, signal.SIGKILL)
 
 
 def test_dynamic_beats_shared_on_a_heterogeneous_profile(scrapy_env: dict[str, str], prefix: str, mongo_db: str,

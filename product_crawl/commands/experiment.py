@@ -13,6 +13,7 @@ starts; services that cannot be used or a cluster that cannot start exit with co
 from __future__ import annotations
 
 import argparse
+import signal
 from pathlib import Path
 from typing import Any
 
@@ -117,6 +118,7 @@ class Command(ScrapyCommand):
         write_line(f"experiment: {', '.join(options.configurations)} on profile {options.profile.name!r}, "
                    f"{options.duration:.0f} s each, {len(options.nodes)} nodes, seed {options.seed}; "
                    f"output in {options.out}")
+        previous = signal.signal(signal.SIGTERM, _interrupt)  # kill (a supervisor's stop) as Ctrl-C
         try:
             summary, report = run_experiment(options, redis_url=services.redis_url, mongo_uri=services.mongo_uri)
         except ExperimentError as exc:
@@ -128,6 +130,7 @@ class Command(ScrapyCommand):
             self.exitcode = 130
             return
         finally:
+            signal.signal(signal.SIGTERM, previous)
             if started_here:  # like the demo: leave running only what was running before
                 services.stop()
         self._print(summary, options, report)
@@ -142,3 +145,10 @@ class Command(ScrapyCommand):
         write_line("")
         write_line(f"summary: {options.out / 'summary.json'}")
         write_line(f"report:  {report}")
+
+
+def _interrupt(signum: int, frame: Any) -> None:
+    """SIGTERM handled as Ctrl-C: the cleanup of the run in progress stops its nodes, control and simulated web.
+    Python's default for SIGTERM ends the process at once, without it, and they went on crawling from the
+    experiment's queues (into the next run's, when one was started with the same prefix)."""
+    raise KeyboardInterrupt
