@@ -8,7 +8,6 @@ starts. The oracle's rate is checked against the profile it reads from a real si
 from __future__ import annotations
 
 import json
-import os
 import random
 import signal
 import subprocess
@@ -16,6 +15,7 @@ import sys
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 from conftest import PROJECT, run_scrapy
 
@@ -212,34 +212,18 @@ def test_no_node_starves_where_every_pair_is_alike(scrapy_env: dict[str, str], p
     assert len(pages) == 4 and min(pages.values()) >= 0.4 * sum(pages.values()) / 4, pages
 
 
-def _descendants(pid: int) -> dict[int, bytes]:
-    """pid -> command line of every process below ``pid`` (from /proc)."""
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            children.setdefault(ppid, []).append(int(entry.name))
-    found: dict[int, bytes] = {}
-    todo = list(children.get(pid, []))
-    while todo:
-        p = todo.pop()
-        try:
-            found[p] = Path(f"/proc/{p}/cmdline").read_bytes()
-        except OSError:
-            continue
-        todo += children.get(p, [])
-    return found
-
-
-def _alive(pid: int, cmdline: bytes) -> bool:
+def _alive(process: psutil.Process) -> bool:
     try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-        return Path(f"/proc/{pid}/cmdline").read_bytes() == cmdline and stat.rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
+        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
         return False
+
+
+def _cmdline(process: psutil.Process) -> str:
+    try:
+        return " ".join(process.cmdline())
+    except psutil.Error:
+        return ""
 
 
 def test_an_experiment_stopped_by_sigterm_stops_its_cluster(scrapy_env: dict[str, str], prefix: str, mongo_db: str,
@@ -250,28 +234,26 @@ def test_an_experiment_stopped_by_sigterm_stops_its_cluster(scrapy_env: dict[str
                              "dynamic", "--duration", "120", "--machine-seconds", "0", "--out", str(tmp_path / "out"),
                              "--prefix", prefix, "--database", mongo_db], cwd=PROJECT, env=scrapy_env, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    marker = f"SCHEDEXT_PREFIX={prefix}".encode()
-    running: dict[int, bytes] = {}
+    marker = f"SCHEDEXT_PREFIX={prefix}"
+    running: list[psutil.Process] = []
     try:
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline and proc.poll() is None:  # until the 4 nodes and the control run
-            running = _descendants(proc.pid)
-            if sum(marker in cmd for cmd in running.values()) >= 5:
+            running = psutil.Process(proc.pid).children(recursive=True)
+            if sum(marker in _cmdline(p) for p in running) >= 5:
                 break
             time.sleep(0.2)
-        assert sum(marker in cmd for cmd in running.values()) >= 5, (running, proc.poll())
+        assert sum(marker in _cmdline(p) for p in running) >= 5, ([_cmdline(p) for p in running], proc.poll())
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=90)
         assert proc.returncode == 130 and "interrupted" in err, err[-3000:]
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline and any(_alive(p, c) for p, c in running.items()):
-            time.sleep(0.2)
-        assert [c for p, c in running.items() if _alive(p, c)] == []
+        psutil.wait_procs(running, timeout=30)
+        assert [_cmdline(p) for p in running if _alive(p)] == []
     finally:
         proc.kill()
-        for p, c in running.items():
-            if _alive(p, c):
-                os.kill(p, signal.SIGKILL)
+        for p in running:
+            if _alive(p):
+                p.kill()
 
 
 def test_dynamic_beats_shared_on_a_heterogeneous_profile(scrapy_env: dict[str, str], prefix: str, mongo_db: str,

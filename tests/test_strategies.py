@@ -980,7 +980,8 @@ def test_bandit_learns_how_fast_evidence_fades_from_the_changes_it_sees() -> Non
 def test_bandit_explores_within_its_budget() -> None:
     # One node known good on a.com, 20 known as good on b.com and never tried on a.com; 300 ticks of a subtask of
     # each site. Every one of the 20 has work as good as any in the window: an exploration of a.com forgoes all of it.
-    est = SumsEstimates().runs("a.com", "good", GOOD, GOOD, GOOD)
+    # ("good" is known on b.com too, so that it does not explore b.com and leave a.com's subtask waiting.)
+    est = SumsEstimates().runs("a.com", "good", GOOD, GOOD, GOOD).runs("b.com", "good", GOOD, GOOD, GOOD)
     for i in range(20):
         est.runs("b.com", f"n{i}", GOOD, GOOD, GOOD)
     nodes = [node("good"), *[node(f"n{i}") for i in range(20)]]
@@ -988,7 +989,7 @@ def test_bandit_explores_within_its_budget() -> None:
     sent: list[tuple[Subtask, str]] = []
     for tick in range(300):
         sent += strategy.allocate([st(f"s{tick}"), st(f"b{tick}", site="b.com")], nodes, est, NOW + tick)
-    assert len(sent) > 550  # placed at once, but when "good" explores b.com and a.com waits for it
+    assert len(sent) == 600
     # Explorations crawl their subtask's first EXPLORE_PAGES pages only; exploiting assignments all 5.
     explored = [s for s, _ in sent if s.page_limit < 5]
     assert len(explored) == strategy.explored >= 1

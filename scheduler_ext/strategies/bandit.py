@@ -732,10 +732,11 @@ class BanditAllocation(Allocation):
                     self.rng, s, now=now, half_life=half_life, theta0=theta0, rho0=rho0, pace=cls.posts.get(nid))
                 if draw <= self.rate_floor * best:
                     continue
-                mine = own(nid)
-                if mine >= draw and best > 0:
-                    continue  # worth it only if the draw beats what the node is known to do on the window's sites
-                    # (on a site nobody has data on, anything is an exploration: the prior's rate says nothing)
+                # On a site nobody has data on anything is an exploration, and needs no budget (the prior's rate says
+                # nothing); elsewhere one is worth it only if the draw beats what the node is given in the window.
+                mine = own(nid) if best > 0 else 0.0
+                if mine >= draw:
+                    continue
                 explore.append((-draw / best if best > 0 else -math.inf, order, best <= 0, st, nid,
                                 seen is not None and s is None, min(1.0, mine / top) if top > 0 else 1.0))
         queued = {n.id: n.queued for n in nodes}
