@@ -42,6 +42,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from scheduler_ext.defaults import DEFAULTS  # noqa: E402
 from scheduler_ext.sim import Simulation, TaskSpec  # noqa: E402
 from scheduler_ext.sim.bound import SiteWork, best_possible  # noqa: E402
 from scheduler_ext.sim.configs import CONFIGS  # noqa: E402
@@ -177,7 +178,8 @@ def main() -> None:
     p.add_argument("--seeds", type=int, default=5)
     p.add_argument("--seed-start", type=int, default=0, help="the first seed: worlds --seed-start .. + --seeds - 1")
     p.add_argument("--families", default="all", help="comma-separated, 'all' or 'none'")
-    p.add_argument("--lanes", type=int, default=1, help="SCHEDEXT_TASK_LANES of the families' runs")
+    p.add_argument("--lanes", type=int, default=DEFAULTS["SCHEDEXT_TASK_LANES"],
+                   help="SCHEDEXT_TASK_LANES of the families' runs (default: the setting's default)")
     p.add_argument("--scale", action="store_true")
     p.add_argument("--scale-duration", type=float, default=600.0)
     p.add_argument("--scale-configs", default="bandit,fifo", help=f"comma-separated, from {', '.join(CONFIGS)}")

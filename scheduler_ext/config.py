@@ -124,7 +124,7 @@ class Config:
     # subtask defaults
     page_limit: int = 5
     time_limit: float = 30.0
-    task_lanes: int = 1
+    task_lanes: int = 2
     # control
     control_enabled: bool = False
     control_id: str = ""

@@ -361,7 +361,7 @@ class Strategies:
     recall_age: float = 60.0
     max_entry_bytes: int = 1_000_000
     max_split: int = 1_000  # tasks one virtual task may become (one commit writes them all)
-    lanes: int = 1  # a task's subtasks out at once once its page count is known (SCHEDEXT_TASK_LANES)
+    lanes: int = 2  # a task's subtasks out at most (SCHEDEXT_TASK_LANES; beyond one only where its site runs dry)
     window: Callable[[int], int] = lambda free: 32 + 2 * free  # waiting subtasks offered to allocation
 
 
@@ -439,6 +439,8 @@ class _Decider:
         self.fresh: list[Subtask] = []  # subtasks this tick puts into waiting (offered to allocation too)
         self.tasks: dict[str, Task] = {}  # task records this tick changed (set last by _advance: never torn)
         self.unexpected = 0  # exceptions other than InvalidInput / ConfigurationError (a bug or a bad plug-in)
+        self.views = {n.id: n for n in snap.nodes}
+        self._waiting_sites: set[str] | None = None  # sites with a subtask waiting (see _dry), read when first asked
 
     def run(self) -> list[Decision]:
         for e in self.snap.virtual:
@@ -515,6 +517,8 @@ class _Decider:
 
     def _waiting_writes(self, st: Subtask) -> list[Write]:
         self.fresh.append(st)
+        if self._waiting_sites is not None:
+            self._waiting_sites.add(st.site)
         return [Write.hset(self.k.subtasks, st.id, self._record(st)), Write.zadd(self.k.waiting, st.priority, st.id)]
 
     # --- 1. split -------------------------------------------------------------------------------------------------
@@ -563,8 +567,8 @@ class _Decider:
 
     def _advance(self, report: Report, *, abandoned: bool = False) -> list[Write]:
         """Writes that record ``report`` on its task, give the task back the pages its slice did not crawl and,
-        while pages remain, keep ``SCHEDEXT_TASK_LANES`` of the task's subtasks out (one until its page count is
-        known)."""
+        while pages remain, keep one of the task's subtasks out, or up to ``SCHEDEXT_TASK_LANES`` where its site
+        runs dry for the node that reported (:meth:`_dry`; one until its page count is known)."""
         k, st = self.k, report.subtask
         writes = [Write.hincrby(k.counters, "reports")]
         try:
@@ -605,13 +609,35 @@ class _Decider:
             task.page_limit, task.time_limit = pages, limit
             if hole[0] < hole[1]:  # pages before other subtasks' slices: a subtask of their own
                 writes += self._slice(task, hole[0], int(hole[1] - hole[0]), report.node)
-            lanes = self.strat.lanes if task.total_pages is not None else 1
+            lanes = self.strat.lanes if task.total_pages is not None and self._dry(task.site, report.node) else 1
             while task.open < lanes and task.next_page < total:
                 first, task.next_page = task.next_page, int(min(task.next_page + pages, total))
                 writes += self._slice(task, first, task.next_page - first, report.node)
         self.tasks[task.id] = task
         writes.append(Write.hset(k.tasks, task.id, self._record(task)))
         return writes
+
+    def _dry(self, site: str, node: str) -> bool:
+        """Whether ``site``'s work runs dry for ``node``, which just reported a run there: the node could take more
+        (its crawl queue has free slots) and no subtask of the site is waiting (in the tick's window, or made by this
+        tick). Only then does a task open lanes beyond its first: where a site has fewer tasks than the nodes
+        suited to it have slots, one subtask a task at a time leaves them idle between a run's report and the
+        task's next subtask; where its subtasks wait anyway, more of them would only go to worse nodes (on
+        bench_quality's captcha worlds, to the nodes answered with captchas: dead letters)."""
+        view = self.views.get(node)
+        if view is None or view.free <= 0:
+            return False
+        if self._waiting_sites is None:
+            self._waiting_sites = {st.site for st in self.fresh}
+            for _, raw in self.snap.waiting:
+                st = self.snap.parsed.get(raw or "")
+                if st is None:
+                    try:
+                        st = Subtask.from_json(raw or "null")
+                    except InvalidInput:
+                        continue  # allocation dead-letters it
+                self._waiting_sites.add(st.site)
+        return site not in self._waiting_sites
 
     def _slice(self, task: Task, first: int, pages: int, prev_node: str | None) -> list[Write]:
         """Writes that put a new subtask of ``task`` (pages ``[first, first + pages)``) into waiting."""
@@ -927,7 +953,7 @@ class Control:
                  modification: Modification, recall: Recall, control_id: str | None = None,
                  page_limit: int = 5, time_limit: float = 30.0, batch: int = 500, leader_ttl: float = 10.0,
                  node_timeout: float | None = None, recall_age: float | None = None,
-                 max_entry_bytes: int = 1_000_000, max_split: int = 1_000, lanes: int = 1) -> None:
+                 max_entry_bytes: int = 1_000_000, max_split: int = 1_000, lanes: int = 2) -> None:
         self.store, self.keys = store, store.keys
         self.splitter = splitter
         self.allocation, self.modification, self.recall = allocation, modification, recall

@@ -538,6 +538,41 @@ def test_a_task_keeps_its_lanes_out_once_its_page_count_is_known(store: Store) -
     assert _task_record(store)["open"] == 2
 
 
+def test_a_second_lane_opens_only_where_the_site_runs_dry_for_the_node_that_reported(store: Store) -> None:
+    """Beyond one subtask a task at a time, a task opens a lane only when the node that reported it could take
+    more (free slots in its crawl queue) and no subtask of its site is waiting: elsewhere more subtasks would
+    only wait, or go to worse nodes."""
+    def opened(name: str) -> int:
+        return next(t for t in map(json.loads, store.redis.hvals(store.keys.tasks)) if t["group"] == name)["open"]
+
+    # Another task's subtask of the same site is waiting: one lane.
+    inject(store, {"name": "p", "sites": ["a.com"]}, {"name": "q", "sites": ["a.com"]})
+    store.heartbeat("n1", {**NODE_INFO, "prefetch": 1}, 30, [])
+    control = make_control(store, lanes=2)
+    control.tick()
+    st, token, _ = take(store, "n1")
+    assert st.group == "p" and finish_at(store, "n1", st, token, 3)
+    control.tick()  # q's first subtask was waiting for a free slot: p goes on in one lane
+    assert opened("p") == 1
+    # The node that reported has no free slot: one lane, though nothing of its site waits.
+    st, token, _ = take(store, "n1")  # q's first
+    inject(store, {"name": "r", "sites": ["b.com"]})
+    control.tick()  # r's first subtask fills n1's one slot
+    assert finish_at(store, "n1", st, token, 3)
+    control.tick()
+    assert opened("q") == 1
+    # Its site runs dry for a node with room: two lanes (p's and q's reports make subtasks of a.com in turn: the
+    # second of them finds one waiting).
+    store.heartbeat("n1", {**NODE_INFO, "prefetch": 8}, 30, [])
+    control.tick()
+    drained = _drain(store, "n1")
+    assert sorted(st.group for st, _ in drained) == ["p", "q", "r"]
+    for st, token in drained:
+        assert finish_at(store, "n1", st, token, st.first_page + st.page_limit)
+    control.tick()
+    assert opened("r") == 2 and sorted([opened("p"), opened("q")]) == [1, 2]
+
+
 @pytest.mark.parametrize("seed", range(8))
 def test_lanes_crawl_every_page_once_whatever_the_order_cuts_and_caps(store: Store, seed: int) -> None:
     """Slices finished in any order, cut short by time limits or failed pages, capped by the allocation: every

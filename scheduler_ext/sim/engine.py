@@ -184,7 +184,7 @@ class Simulation:
                  alpha: float = 0.3, recall_age: float | None = None, model: NodeModel | None = None,
                  control: ControlModel | None = None, batch: int = 500, sample_interval: float = 3.0, seed: int = 0,
                  pair_samples: bool = True, on_sample: Callable[[dict[str, Any]], None] | None = None,
-                 heartbeat: float = 2.0, lanes: int = 1) -> None:
+                 heartbeat: float = 2.0, lanes: int = 2) -> None:
         self.world, self.nodes = world, {n.id: n for n in nodes}
         self.allocation, self.modification, self.recall = allocation, modification, recall
         self.duration, self.tick, self.wake = duration, tick, wake
