@@ -151,7 +151,8 @@ def resume_page(first_page: int, page_limit: int, done: Container[int]) -> int:
 @dataclass
 class Task:
     """One query (one site, one engine): its pages are crawled in slices, one subtask each, at most
-    ``SCHEDEXT_TASK_LANES`` of them out at once (docs/control.md, step 3 of a tick).
+    ``SCHEDEXT_TASK_LANES`` of them out at once, more than one only where its site runs dry (docs/control.md,
+    step 3 of a tick).
 
     ``next_page`` is the first page no subtask was given; ``open`` counts the task's subtasks out (waiting,
     queued or crawling, recalled ones included)."""
