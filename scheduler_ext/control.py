@@ -629,15 +629,20 @@ class _Decider:
             return False
         if self._waiting_sites is None:
             self._waiting_sites = {st.site for st in self.fresh}
-            for _, raw in self.snap.waiting:
-                st = self.snap.parsed.get(raw or "")
-                if st is None:
-                    try:
-                        st = Subtask.from_json(raw or "null")
-                    except InvalidInput:
-                        continue  # allocation dead-letters it
-                self._waiting_sites.add(st.site)
+            for sid, raw in self.snap.waiting:
+                try:
+                    self._waiting_sites.add(self._waiting_subtask(sid, raw).site)
+                except InvalidInput:
+                    continue  # allocation dead-letters it
         return site not in self._waiting_sites
+
+    def _waiting_subtask(self, sid: str, raw: str | None) -> Subtask:
+        """The subtask of a waiting entry: decoded by the read already (``Snapshot.parsed``), or decoded here;
+        InvalidInput if its record is not a subtask, or another subtask's."""
+        st = self.snap.parsed.get(raw or "") or Subtask.from_json(raw or "null", f"waiting subtask {sid}")
+        if st.id != sid:
+            raise InvalidInput(f"waiting subtask {sid}: its record holds subtask {st.id!r}")
+        return st
 
     def _slice(self, task: Task, first: int, pages: int, prev_node: str | None) -> list[Write]:
         """Writes that put a new subtask of ``task`` (pages ``[first, first + pages)``) into waiting."""
@@ -836,10 +841,7 @@ class _Decider:
         window: list[Subtask] = []
         for sid, raw in self.snap.waiting:
             try:
-                st = self.snap.parsed.get(raw or "") or Subtask.from_json(raw or "null", f"waiting subtask {sid}")
-                if st.id != sid:
-                    raise InvalidInput(f"waiting subtask {sid}: its record holds subtask {st.id!r}")
-                window.append(st)
+                window.append(self._waiting_subtask(sid, raw))
             except InvalidInput as exc:
                 writes = [self._dead_write(sid, kind="waiting", reason=str(exc), attempts=0, last_node=None,
                                            **self._raw_fields(raw or "")), Write.hdel(k.subtasks, sid)]
