@@ -549,6 +549,7 @@ class _Decider:
                         payload=payload, next_page=page_limit, page_limit=page_limit, time_limit=time_limit)
             st = Subtask(id=sid, task=tid, site=site, group=group, type=task.type, priority=priority, first_page=0,
                          page_limit=page_limit, time_limit=time_limit, since=self.now, payload=payload)
+            self.tasks[tid] = task
             writes += [Write.hset(k.tasks, tid, task.to_json()), *self._waiting_writes(st),
                        Write.hincrby(k.progress, f"{group}|tasks")]
         writes += [Write.hincrby(k.counters, "virtual_tasks"), Write.hincrby(k.counters, "tasks", len(specs))]
@@ -871,10 +872,10 @@ class _Decider:
             st = given
             done.add(st.id)
             free[nid] -= 1
-            placed = replace(got, node=nid, rest=st.rest + st.page_limit - got.page_limit)
+            placed, rest = self._placed(st, got, nid)
             raw = self._record(placed)
             writes = [Write.hset(k.subtasks, st.id, raw), Write.lpush(k.crawl(nid), raw),
-                      Write.zadd(k.queued, self.now, st.id)]
+                      Write.zadd(k.queued, self.now, st.id), *rest]
             if st.prev_node is not None and st.prev_node != nid:
                 writes += [Write.hincrby(k.node_counters(st.prev_node), "moved_out"),
                            Write.hincrby(k.node_counters(nid), "moved_in")]
@@ -882,6 +883,27 @@ class _Decider:
             # queue in one step) or was forgotten gets nothing more; the subtask stays waiting.
             self.decisions.append(Decision("allocate", [Guard.zrem(k.waiting, st.id), Guard.hexists(k.nodes, nid)],
                                            writes, subject=st.id))
+
+    def _placed(self, st: Subtask, got: Subtask, nid: str) -> tuple[Subtask, list[Write]]:
+        """``got`` (``st`` or its first pages, :meth:`Subtask.capped`) placed on ``nid``, and the writes that put
+        the pages it leaves out back into waiting at once, a subtask of their own of the same task: an exploration
+        or a probe does not hold its task's chain while its node runs it (before 2026-12-05 the pages rode along
+        as the placed subtask's :attr:`~Subtask.rest`, and the task waited for the look's report, behind the
+        node's queue). A subtask of no task record (pushed by hand), or of a finished one, keeps them as its rest."""
+        left = st.end - (got.first_page + got.page_limit)
+        if left <= 0:
+            return replace(got, node=nid), []
+        try:
+            task = self._task(st.task)
+        except InvalidInput:
+            task = None
+        if task is None or task.done:
+            return replace(got, node=nid, rest=left), []
+        task = self.tasks[task.id] = replace(task, open=task.open + 1)
+        rest = replace(st, id=self.snap.ids.take(1)[0], first_page=got.first_page + got.page_limit,
+                       page_limit=left, rest=0, node=None, since=self.now)
+        return replace(got, node=nid, rest=0), [*self._waiting_writes(rest),
+                                                Write.hset(self.k.tasks, task.id, self._record(task))]
 
     def _assignments(self, window: list[Subtask], nodes: list[NodeView]) -> list[tuple[Subtask, str]]:
         """The strategy's assignments; if it raises, each subtask alone, so that the one it fails on is

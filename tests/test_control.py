@@ -462,6 +462,26 @@ def test_an_exploration_capped_to_its_first_pages_is_queued_capped_and_its_task_
     assert nxt.task == st.task and nxt.first_page == 1  # from where the capped run ended: no page skipped
 
 
+def test_the_pages_an_exploration_leaves_out_wait_at_once_so_its_task_does_not_wait_for_the_look(
+        store: Store) -> None:
+    inject(store, {"name": "p", "sites": ["a.com"]})
+    store.heartbeat("n1", NODE_INFO, 30, [])
+    k = store.keys
+    sends = _Sends(lambda s: s.capped(1))
+    control = make_control(store, allocation=sends)
+    assert control.tick().allocated == 1
+    st, _, _ = take(store, "n1")
+    assert (st.first_page, st.page_limit, st.rest) == (0, 1, 0)
+    # Before the look reports, its task's other pages wait already, a subtask of the same task
+    [sid] = store.redis.zrange(k.waiting, 0, -1)
+    rest = Subtask.from_json(store.redis.hget(k.subtasks, sid))
+    assert (rest.task, rest.first_page, rest.page_limit, rest.node) == (st.task, 1, 2, None)
+    assert _task_record(store)["open"] == 2  # both out: the task is not done until both report
+    sends.make = lambda s: s
+    assert control.tick().allocated == 1
+    assert [(s.first_page, s.page_limit) for s, _ in _drain(store, "n1")] == [(1, 2)]
+
+
 @pytest.mark.parametrize("forge", [
     lambda s: Subtask.from_json(s.to_json()).capped(s.page_limit + 1),  # a copy, not capped: not the object
     lambda s: dataclasses.replace(s, page_limit=1, first_page=s.first_page + 1),  # other pages

@@ -792,12 +792,13 @@ def test_bandit_change_point_follows_a_pair_that_turns_bad_in_one_run() -> None:
 
 
 def test_bandit_change_point_on_a_site_makes_its_other_pairs_worth_trying_again() -> None:
-    # n1 is good and busy on a.com; n2 (free, with a good site of its own to crawl) was measured bad there 20 s ago.
-    # Then a run of n3's on a.com is a change point (the site changed how it treats n3): n2's evidence from before
-    # the change is no longer trusted, and n2 is tried again, where it was almost never before.
+    # n1 is good and busy on a.com; n2 (free, with a good site of its own to crawl) was measured bad there 8 s ago
+    # (less than PROBE_AGE: no probe). Then a run of n3's on a.com is a change point (the site changed how it treats
+    # n3): n2's evidence from before the change is no longer trusted, and n2 is tried again, where it was almost
+    # never before.
     def tried(with_change: bool) -> int:
         est = (SumsEstimates().runs("a.com", "n1", GOOD, GOOD, GOOD)
-               .runs("a.com", "n2", *[(10, 100, 10, 6.0, True)] * 4, at=NOW - 20)
+               .runs("a.com", "n2", *[(10, 100, 10, 6.0, True)] * 4, at=NOW - 8)
                .runs("b.com", "n2", GOOD, GOOD, GOOD).runs("a.com", "n3", GOOD, GOOD, at=NOW - 30))
         if with_change:
             est.runs("a.com", "n3", (8, 80, 0, 6.0, False), at=NOW - 5)
@@ -811,6 +812,57 @@ def test_bandit_change_point_on_a_site_makes_its_other_pairs_worth_trying_again(
 
     before, after = tried(False), tried(True)
     assert before < 8 and after > 3 * before + 10, (before, after)
+
+
+BAD = (10, 100, 10, 6.0, True)  # 10 pages, 10 % served, 0.6 s a page
+
+
+def test_bandit_probes_a_pair_not_run_for_a_while_that_could_change_its_nodes_work() -> None:
+    # n1 is good on a.com and busy; n2 was measured bad there. A pair nobody runs can turn good with nothing in the
+    # cluster to show it: once its evidence is PROBE_AGE old it is drawn as untried, and a draw that beats what n2
+    # has to do sends one page of a subtask to look, if n2's crawl queue is empty.
+    def sent(age: float, a_best: tuple[int, int, int, float, bool] = GOOD, b_site: bool = False,
+             queued: int = 0) -> Counter[int]:
+        est = (SumsEstimates().runs("a.com", "n1", a_best, a_best, a_best)
+               .runs("a.com", "n2", BAD, BAD, BAD, BAD, at=NOW - age).runs("b.com", "n2", GOOD, GOOD, GOOD))
+        window = [st("s1"), *([st("s2", site="b.com")] if b_site else [])]
+        pages: Counter[int] = Counter()
+        for tick in range(20):
+            n2 = replace(node("n2", 2), queued=queued)
+            for s, nid in BanditAllocation(seed=tick).allocate(window, [node("n1", 0), n2], est, NOW):
+                if s.site == "a.com" and nid == "n2":
+                    pages[s.page_limit] += 1
+        return pages
+
+    probes = sent(bandit_module.PROBE_AGE + 10)
+    assert set(probes) == {bandit_module.PROBE_PAGES} and probes[bandit_module.PROBE_PAGES] >= 12, probes
+    assert sent(bandit_module.PROBE_AGE / 2)[bandit_module.PROBE_PAGES] <= 1  # seen lately: hardly ever
+    assert sent(bandit_module.PROBE_AGE + 10, queued=1)[bandit_module.PROBE_PAGES] <= 1  # work waits at n2
+    # n2 has far better to do on b.com than anyone does on a.com: finding n2 good there would change nothing
+    assert sent(bandit_module.PROBE_AGE + 10, a_best=(10, 100, 50, 2.0, True), b_site=True)[1] <= 1
+
+
+@pytest.mark.parametrize("served", [9, 1])
+def test_a_probe_that_collects_has_its_pair_explored_at_once_one_that_does_not_leaves_it(served: int) -> None:
+    probes = explored = 0
+    for tick in range(20):
+        est = (SumsEstimates().runs("a.com", "n1", GOOD, GOOD, GOOD)
+               .runs("a.com", "n2", BAD, BAD, BAD, BAD, at=NOW - 60))
+        strategy = BanditAllocation(seed=tick)
+        nodes = [node("n1", 0), node("n2")]
+        if [(s.page_limit, n) for s, n in strategy.allocate([st("s1")], nodes, est, NOW)] != [(1, "n2")]:
+            continue  # its draw did not beat n2's rate there
+        probes += 1
+        # the probe's page, 9 or 1 of 10 served, in a new mapping (copy on write, as the control's cache makes)
+        est.put("a.com", "n2", update_sums(est.sums["a.com"]["n2"], pages_done=1, failed_pages=0, offered=10,
+                                           collected=served, seconds=0.1, alpha=0.3, now=NOW + 1))
+        got = strategy.allocate([st("s2")], nodes, est, NOW + 2)
+        explored += [(s.page_limit, n) for s, n in got] == [(bandit_module.EXPLORE_PAGES, "n2")]
+    assert probes >= 12
+    if served == 9:  # drawn as untried, and not held back by the rest after a report (EXPLORE_REST)
+        assert explored >= 0.6 * probes, (explored, probes)
+    else:
+        assert explored == 0
 
 
 def test_bandit_never_explores_with_a_subtask_that_failed_already() -> None:

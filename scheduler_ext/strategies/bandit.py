@@ -40,7 +40,10 @@ Per tick, over the window of waiting subtasks the control passes (priority order
    turned bad at once, taken back if its next run does not confirm it); a subtask that failed already explores
    only if no candidate is known to collect anything. Such a re-opened pair may also be explored once the budget
    is out, on what the changes found grant: each confirmed change, as many explorations as the changes it stands
-   for among the cluster's pairs (:meth:`ChangeHazard.change`).
+   for among the cluster's pairs (:meth:`ChangeHazard.change`). A pair not run for :data:`PROBE_AGE` seconds is
+   drawn as untried, and a draw that beats what its node has (in the window, or was given lately) sends a probe
+   of :data:`PROBE_PAGES` page instead: a pair nobody runs can turn good with nothing to show it. A probe that
+   collected half its page re-opens its pair at once (:meth:`BanditAllocation._watch`).
 5. Matching: explorations, then the exploit pairs as the dynamic allocation matches them (aged subtasks first,
    then the highest expected rate, then priority), first onto idle nodes (nothing held at their last heartbeat,
    nothing queued), then onto nodes with fewer than :data:`AHEAD` queued, then onto any free slot
@@ -128,6 +131,15 @@ EXPLORE_ROOM = 2
 #: good pair for 18 to 20 s (bench_quality unlucky and drift, seeds 10 to 29); at 3 s the captcha family lost 2 % of
 #: its items (blocked pairs explored again too soon), at 6 s none, and the longest wait fell to 9.7 s.
 EXPLORE_REST = 6.0
+#: Seconds after its last run that a pair which could change its node's work is probed, when the node's crawl queue
+#: is empty (:meth:`BanditAllocation.allocate`): a pair nobody runs may turn good with nothing in the cluster to show
+#: it (no pair that runs changes), and only a look at it can tell. Such a pair is looked at about this often: a pair
+#: that turns good is run within about this many seconds and a run, under the 15 s the issue asks
+#: (docs/strategies.md, "Probes").
+PROBE_AGE = 10.0
+#: Pages a probe crawls: one page tells a pair that serves most of its results (0.8 to 0.97 of a page, in a tenth
+#: of a second) from one that serves a fifth in half a second or fails, and costs a third of an exploration.
+PROBE_PAGES = 1
 #: The half-life the exploiting rates are computed with: none (0: no discount). The time discount widens a
 #: pair's posterior so that its draws can beat the best again (exploration); it must not move the pair's *mean*
 #: towards the optimistic prior, or a pair measured bad minutes ago would be exploited again, without budget and
@@ -416,6 +428,10 @@ class BanditAllocation(Allocation):
         self._sums_of: Any = None  # the tick's estimates' site_sums (see _in_flight)
         self._rankings = Rankings()  # (site, type) -> nodes ranked by expected rate, kept across ticks
         self.explored = 0  # explorations sent (for stats and tests)
+        self.probed = 0  # probes sent (for stats and tests)
+        self._probes: dict[tuple[str, str], float] = {}  # (site, node) -> when its probe was sent
+        self._reopened: set[tuple[str, str]] = set()  # pairs whose probe collected: drawn as untried (see _watch)
+        self._doing: dict[str, tuple[float, float]] = {}  # node -> (the best rate it was given lately, when)
         # Sums -> (prior, when, posterior): a pair's posterior changes with a new run (new sums) or the prior, and
         # with time only by the slow discount, refreshed every half_life / 10; so a tick recomputes what changed.
         self._cache: dict[int, tuple[Sums, float, float, float, Posterior]] = {}
@@ -534,6 +550,17 @@ class BanditAllocation(Allocation):
         """
         self.hazard.watch(was.t, new.t)
         key = (site, nid)
+        sent = self._probes.pop(key, None)
+        if sent is not None and sent <= new.t and was.pages > 0 and 0.0 <= new.pages - PROBE_PAGES <= was.pages:
+            # The probe's run: its page's collected share, from the sums before and after (update_sums: older runs
+            # weigh keep = (pages after - the probe's page) / pages before). Half a page or more: the pair is
+            # drawn as untried, and explored at once (no rest).
+            got = new.got - (new.pages - PROBE_PAGES) / was.pages * was.got
+            if got >= 0.5 * PROBE_PAGES:
+                if len(self._reopened) > 65536:
+                    self._reopened.clear()
+                self._reopened.add(key)
+                self._exploring.pop(key, None)
         share = (new.got + 0.5) / (new.pages + 1.0)
         pending = self._unconfirmed.pop(key, None)
         if pending is not None:
@@ -677,11 +704,19 @@ class BanditAllocation(Allocation):
                 owns[nid] = found
             return found
 
-        explore: list[tuple[float, int, bool, Subtask, str, bool, float]] = []
+        explore: list[tuple[float, int, bool, Subtask, str, bool, float, int]] = []
         in_flight = self._in_flight
         half_life = self.effective_half_life
         hazard = self.hazard
         changes = self._changes
+
+        doing = self._doing
+        queued = {n.id: n.queued for n in nodes}
+
+        def busy_rate(nid: str) -> float:
+            """The best expected rate of the work ``nid`` was given in the last :data:`PROBE_AGE` seconds."""
+            d = doing.get(nid)
+            return d[0] if d is not None and now - d[1] < PROBE_AGE else 0.0
 
         def site_change(sums: Mapping[str, Sums]) -> float:
             """The time of the last change point of any pair of the site with these sums: a site that starts
@@ -722,7 +757,18 @@ class BanditAllocation(Allocation):
                 if in_flight((st.site, nid), now):
                     continue  # it is being explored
                 s = seen = sums.get(nid)  # s: the evidence drawn from (None: the prior)
-                if s is not None and s.t < site_change(sums):
+                if s is not None and (st.site, nid) in self._reopened:
+                    s = None  # its probe collected: as good as untried
+                elif s is not None and now - s.t >= PROBE_AGE and best > 0 and not queued.get(nid):
+                    # Not run for PROBE_AGE seconds, and its node has nothing waiting in its queue (the page takes a
+                    # slot that would wait for work): drawn as untried; a draw that beats what the node has (in the
+                    # window, or was given lately) is a probe of PROBE_PAGES, which tells whether it turned good
+                    draw = prior.sample(self.rng)
+                    if draw > self.rate_floor * best and draw > max(own(nid), busy_rate(nid)):
+                        explore.append((-draw / best, order, False, st, nid, False, min(1.0, own(nid) / top)
+                                        if top > 0 else 1.0, PROBE_PAGES))
+                    continue
+                elif s is not None and s.t < site_change(sums):
                     s = None  # tried before the site changed how it treats some node: as good as untried
                 elif s is not None:
                     lost = hazard.cumulative(s.t, now)  # expected changes since it was last seen
@@ -738,10 +784,18 @@ class BanditAllocation(Allocation):
                 if mine >= draw:
                     continue
                 explore.append((-draw / best if best > 0 else -math.inf, order, best <= 0, st, nid,
-                                seen is not None and s is None, min(1.0, mine / top) if top > 0 else 1.0))
-        queued = {n.id: n.queued for n in nodes}
+                                seen is not None and s is None, min(1.0, mine / top) if top > 0 else 1.0, 0))
         held = {n.id: n.held for n in nodes}
-        return self._match(explore, classes.values(), free, now, len(nodes), queued, held)
+        result, exploited = self._match(explore, classes.values(), free, now, len(nodes), queued, held)
+        if exploited:  # what each node was given, for the probes (busy_rate)
+            of = {st.id: cls for _, st, cls in window}
+            for st, nid in exploited:
+                cls = of[st.id]
+                rate = cls.rates.get(nid, cls.site.ranking.c.get(nid, 0.0))
+                d = doing.get(nid)
+                if d is None or now - d[1] >= PROBE_AGE or rate >= d[0]:
+                    doing[nid] = (rate, now)
+        return result + exploited
 
     def _room(self, site: _Site) -> bool:
         """Takes one subtask's room on ``site``: True if the site can still place one more of this call's
@@ -953,17 +1007,19 @@ class BanditAllocation(Allocation):
                                            -math.inf, self.rate_floor)
         return cls
 
-    def _match(self, explore: list[tuple[float, int, bool, Subtask, str, bool, float]], classes: Iterable[_Class],
-               free: dict[str, int], now: float, cluster: int,
-               queued: Mapping[str, int], held: Mapping[str, int]) -> list[tuple[Subtask, str]]:
+    def _match(self, explore: list[tuple[float, int, bool, Subtask, str, bool, float, int]],
+               classes: Iterable[_Class], free: dict[str, int], now: float, cluster: int,
+               queued: Mapping[str, int], held: Mapping[str, int],
+               ) -> tuple[list[tuple[Subtask, str]], list[tuple[Subtask, str]]]:
+        """The explorations and probes (``explore``: best first), then the exploit matching: (explored, exploited)."""
         assigned: set[str] = set()
         result: list[tuple[Subtask, str]] = []
         assert self.credit is not None
         explore.sort(key=operator.itemgetter(0, 1))  # highest draw / best first, then priority
-        for _, _, needed, st, nid, stale, forgone in explore:
+        for _, _, needed, st, nid, stale, forgone, probe in explore:
             if st.id in assigned or free.get(nid, 0) <= 0 or self._in_flight((st.site, nid), now):
                 continue
-            pages = min(st.page_limit, self.explore_pages)
+            pages = min(st.page_limit, probe or self.explore_pages)
             if not needed:
                 if self.credit >= pages * forgone:
                     self.credit -= pages * forgone
@@ -972,7 +1028,14 @@ class BanditAllocation(Allocation):
                 else:
                     continue
             self._exploring[(st.site, nid)] = now
-            self.explored += 1
+            if probe:
+                if len(self._probes) > 65536:
+                    self._probes.clear()
+                self._probes[(st.site, nid)] = now
+                self.probed += 1
+            else:
+                self._reopened.discard((st.site, nid))
+                self.explored += 1
             assigned.add(st.id)
             free[nid] -= 1
             result.append((st.capped(pages), nid))
@@ -985,4 +1048,4 @@ class BanditAllocation(Allocation):
         # explorations.
         self.credit = min(self.credit + self.explore_share * sum(st.page_limit for st, _ in exploited),
                           (1.0 + self.explore_share * cluster) * self.unit)
-        return result + exploited
+        return result, exploited
