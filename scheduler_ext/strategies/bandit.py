@@ -765,8 +765,7 @@ class BanditAllocation(Allocation):
                     # window, or was given lately) is a probe of PROBE_PAGES, which tells whether it turned good
                     draw = prior.sample(self.rng)
                     if draw > self.rate_floor * best and draw > max(own(nid), busy_rate(nid)):
-                        # after every exploration (a pair never looked at, or re-opened, tells more), by priority
-                        explore.append((math.inf, order, False, st, nid, False, min(1.0, own(nid) / top)
+                        explore.append((-draw / best, order, False, st, nid, False, min(1.0, own(nid) / top)
                                         if top > 0 else 1.0, PROBE_PAGES))
                     continue
                 elif s is not None and s.t < site_change(sums):
