@@ -704,7 +704,7 @@ class BanditAllocation(Allocation):
                 owns[nid] = found
             return found
 
-        explore: list[tuple[float, int, bool, Subtask, str, bool, float, int]] = []
+        explore: list[tuple[int, float, int, bool, Subtask, str, bool, float, int]] = []
         in_flight = self._in_flight
         half_life = self.effective_half_life
         hazard = self.hazard
@@ -765,7 +765,7 @@ class BanditAllocation(Allocation):
                     # window, or was given lately) is a probe of PROBE_PAGES, which tells whether it turned good
                     draw = prior.sample(self.rng)
                     if draw > self.rate_floor * best and draw > max(own(nid), busy_rate(nid)):
-                        explore.append((-draw / best, order, False, st, nid, False, min(1.0, own(nid) / top)
+                        explore.append((1, -draw / best, order, False, st, nid, False, min(1.0, own(nid) / top)
                                         if top > 0 else 1.0, PROBE_PAGES))
                     continue
                 elif s is not None and s.t < site_change(sums):
@@ -783,8 +783,8 @@ class BanditAllocation(Allocation):
                 mine = own(nid) if best > 0 else 0.0
                 if mine >= draw:
                     continue
-                explore.append((-draw / best if best > 0 else -math.inf, order, best <= 0, st, nid,
-                                seen is not None and s is None, min(1.0, mine / top) if top > 0 else 1.0, 0))
+                explore.append((int(seen is not None), -draw / best if best > 0 else -math.inf, order, best <= 0, st,
+                                nid, seen is not None and s is None, min(1.0, mine / top) if top > 0 else 1.0, 0))
         held = {n.id: n.held for n in nodes}
         result, exploited = self._match(explore, classes.values(), free, now, len(nodes), queued, held)
         if exploited:  # what each node was given, for the probes (busy_rate)
@@ -1007,7 +1007,7 @@ class BanditAllocation(Allocation):
                                            -math.inf, self.rate_floor)
         return cls
 
-    def _match(self, explore: list[tuple[float, int, bool, Subtask, str, bool, float, int]],
+    def _match(self, explore: list[tuple[int, float, int, bool, Subtask, str, bool, float, int]],
                classes: Iterable[_Class], free: dict[str, int], now: float, cluster: int,
                queued: Mapping[str, int], held: Mapping[str, int],
                ) -> tuple[list[tuple[Subtask, str]], list[tuple[Subtask, str]]]:
@@ -1015,8 +1015,9 @@ class BanditAllocation(Allocation):
         assigned: set[str] = set()
         result: list[tuple[Subtask, str]] = []
         assert self.credit is not None
-        explore.sort(key=operator.itemgetter(0, 1))  # highest draw / best first, then priority
-        for _, _, needed, st, nid, stale, forgone, probe in explore:
+        # pairs never run first, then the others (re-opened, probes), each highest draw / best first, then priority
+        explore.sort(key=operator.itemgetter(0, 1, 2))
+        for _, _, _, needed, st, nid, stale, forgone, probe in explore:
             if st.id in assigned or free.get(nid, 0) <= 0 or self._in_flight((st.site, nid), now):
                 continue
             pages = min(st.page_limit, probe or self.explore_pages)
