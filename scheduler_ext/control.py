@@ -438,6 +438,7 @@ class _Decider:
         self.decisions: list[Decision] = []
         self.fresh: list[Subtask] = []  # subtasks this tick puts into waiting (offered to allocation too)
         self.tasks: dict[str, Task] = {}  # task records this tick changed (set last by _advance: never torn)
+        self._split_tasks: set[str] = set()  # tasks a capped placement of this tick split (see _placed)
         self.unexpected = 0  # exceptions other than InvalidInput / ConfigurationError (a bug or a bad plug-in)
         self.views = {n.id: n for n in snap.nodes}
         self._waiting_sites: set[str] | None = None  # sites with a subtask waiting (see _dry), read when first asked
@@ -889,7 +890,9 @@ class _Decider:
         the pages it leaves out back into waiting at once, a subtask of their own of the same task: an exploration
         or a probe does not hold its task's chain while its node runs it (before 2026-12-05 the pages rode along
         as the placed subtask's :attr:`~Subtask.rest`, and the task waited for the look's report, behind the
-        node's queue). A subtask of no task record (pushed by hand), or of a finished one, keeps them as its rest."""
+        node's queue). A subtask of no task record (pushed by hand), or of a finished one, keeps them as its rest; so
+        does a task's second capped placement in a tick: each allocation is a decision of its own, applied only if
+        its guards hold, and the task record one writes must not count a subtask that another one made."""
         left = st.end - (got.first_page + got.page_limit)
         if left <= 0:
             return replace(got, node=nid), []
@@ -897,8 +900,9 @@ class _Decider:
             task = self._task(st.task)
         except InvalidInput:
             task = None
-        if task is None or task.done:
+        if task is None or task.done or task.id in self._split_tasks:
             return replace(got, node=nid, rest=left), []
+        self._split_tasks.add(task.id)
         task = self.tasks[task.id] = replace(task, open=task.open + 1)
         rest = replace(st, id=self.snap.ids.take(1)[0], first_page=got.first_page + got.page_limit,
                        page_limit=left, rest=0, node=None, since=self.now)
