@@ -886,16 +886,19 @@ class _Decider:
                                            writes, subject=st.id))
 
     def _placed(self, st: Subtask, got: Subtask, nid: str) -> tuple[Subtask, list[Write]]:
-        """``got`` (``st`` or its first pages, :meth:`Subtask.capped`) placed on ``nid``, and the writes that put
-        the pages it leaves out back into waiting at once, a subtask of their own of the same task: an exploration
-        or a probe does not hold its task's chain while its node runs it (before 2026-12-05 the pages rode along
-        as the placed subtask's :attr:`~Subtask.rest`, and the task waited for the look's report, behind the
-        node's queue). A subtask of no task record (pushed by hand), or of a finished one, keeps them as its rest; so
-        does a task's second capped placement in a tick: each allocation is a decision of its own, applied only if
-        its guards hold, and the task record one writes must not count a subtask that another one made."""
+        """``got`` (``st`` or its first pages, :meth:`Subtask.capped`) placed on ``nid``. A look of one page (the
+        bandit's probe) leaves the pages after it to wait at once, a subtask of their own of the same task, so the
+        task does not wait for the look's report behind the looking node's queue; those are the writes returned.
+        Any other capped placement keeps them as its :attr:`~Subtask.rest`, given back by its report, or recalled
+        with it: where nothing works (a blocked site) a failed look recalls its whole slice, and the task makes one
+        dead letter, not one per look. So does a one-page look of no task record (pushed by hand) or of a finished
+        one, and a task's second one in a tick: each allocation is a decision of its own, applied only if its
+        guards hold, and the task record one writes must not count a subtask that another one made."""
         left = st.end - (got.first_page + got.page_limit)
         if left <= 0:
             return replace(got, node=nid), []
+        if got.page_limit > 1:
+            return replace(got, node=nid, rest=left), []
         try:
             task = self._task(st.task)
         except InvalidInput:

@@ -129,8 +129,10 @@ def explorations_of_stale_pair(burst: bool, credit: float = 1.0) -> int:
     sent = 0
     for t in range(100, 120):
         strategy.credit = credit
+        # "stale" has work waiting in its queue: no probe (the bandit's probes come from empty queues only, and are
+        # tested in test_strategies.py); what re-opens its evidence here is the change hazard alone
         result = strategy.allocate([subtask(f"s{t}", float(t))], [NodeView(id="good", types=[0], free=0),
-                                                                    NodeView(id="stale", types=[0], free=1)],
+                                                                    NodeView(id="stale", types=[0], free=1, queued=1)],
                                    est, float(t))
         sent += sum(1 for _, n in result if n == "stale")
         strategy._exploring.clear()  # as if each exploration came back at once, still bad: measured again

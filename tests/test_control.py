@@ -462,7 +462,7 @@ def test_an_exploration_capped_to_its_first_pages_is_queued_capped_and_its_task_
     assert nxt.task == st.task and nxt.first_page == 1  # from where the capped run ended: no page skipped
 
 
-def test_the_pages_an_exploration_leaves_out_wait_at_once_so_its_task_does_not_wait_for_the_look(
+def test_the_pages_a_one_page_look_leaves_out_wait_at_once_so_its_task_does_not_wait_for_the_look(
         store: Store) -> None:
     inject(store, {"name": "p", "sites": ["a.com"]})
     store.heartbeat("n1", NODE_INFO, 30, [])
