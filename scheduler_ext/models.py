@@ -80,8 +80,8 @@ class Subtask:
     since: float = 0.0  # Redis time it entered the waiting queue
     payload: dict[str, Any] = field(default_factory=dict)
     # Pages after the slice that the control took off it when an allocation gave the node only its first pages
-    # (:meth:`capped`) and no task record can take them (a subtask pushed by hand; otherwise they wait at once as a
-    # subtask of their own): the report gives them back, a recall puts them back on the subtask.
+    # (:meth:`capped`; after a one-page look they wait at once as a subtask of their own instead, see the control):
+    # the report gives them back to the task, a recall puts them back on the subtask.
     rest: int = 0
 
     def to_json(self) -> str:
@@ -120,9 +120,9 @@ class Subtask:
         return self.first_page + self.page_limit + self.rest
 
     def capped(self, pages: float) -> Subtask:
-        """This subtask with at most ``pages`` pages (itself if it has no more): the slice's first pages only. When
-        it places the subtask, the control puts the pages it leaves out back into waiting as a subtask of the same
-        task (or keeps them in :attr:`rest`), so nothing is skipped.
+        """This subtask with at most ``pages`` pages (itself if it has no more): the slice's first pages only. The
+        control keeps the pages it leaves out in :attr:`rest` when it places the subtask (after a one-page look,
+        a subtask of their own instead), so nothing is skipped.
 
         >>> st = Subtask("s1", "t1", "a.example", first_page=4, page_limit=5, time_limit=30.0)
         >>> st.capped(2).page_limit, st.capped(2).first_page, st.capped(9) is st
