@@ -44,7 +44,8 @@ Per tick, over the window of waiting subtasks the control passes (priority order
    drawn as untried, and a draw that beats what its node has (in the window, or was given lately) sends a probe
    of :data:`PROBE_PAGES` page instead: a pair nobody runs can turn good with nothing to show it. A probe that
    collected half its page re-opens its pair at once (:meth:`BanditAllocation._watch`).
-5. Matching: explorations, then the exploit pairs as the dynamic allocation matches them (aged subtasks first,
+5. Matching: explorations (of pairs never run first, then of re-opened pairs and probes, each best draw first),
+   then the exploit pairs as the dynamic allocation matches them (aged subtasks first,
    then the highest expected rate, then priority), first onto idle nodes (nothing held at their last heartbeat,
    nothing queued), then onto nodes with fewer than :data:`AHEAD` queued, then onto any free slot
    (:meth:`BanditAllocation._exploit`).
@@ -1011,7 +1012,8 @@ class BanditAllocation(Allocation):
                classes: Iterable[_Class], free: dict[str, int], now: float, cluster: int,
                queued: Mapping[str, int], held: Mapping[str, int],
                ) -> tuple[list[tuple[Subtask, str]], list[tuple[Subtask, str]]]:
-        """The explorations and probes (``explore``: best first), then the exploit matching: (explored, exploited)."""
+        """The explorations and probes (``explore``: pairs never run first, then the others, each best draw first),
+        then the exploit matching: (explored, exploited)."""
         assigned: set[str] = set()
         result: list[tuple[Subtask, str]] = []
         assert self.credit is not None
