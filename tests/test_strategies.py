@@ -1217,16 +1217,17 @@ def test_bandit_draws_for_a_pair_whose_only_run_was_blank_even_above_the_floor()
 
 
 def test_bandit_gives_work_to_a_node_that_would_start_it_at_once_before_queueing_it_behind_the_best() -> None:
-    # n1 is the best on a.com (0.1 s a page), n2 nearly as good (0.12 s), n3 far slower (below the floor). Both n1
-    # and n2 have free slots. With n1's crawl queue already holding AHEAD subtasks, the next go to n2, which would
-    # start them at once; beyond AHEAD there, they wait in n1's queue (the second pass, by rate), never on n3.
+    # n1 is the best on a.com (0.1 s a page), n2 nearly as good (0.12 s), n3 far slower (below the floor) and with
+    # work of its own waiting (else it is spare: see the next test). Both n1 and n2 have free slots. With n1's
+    # crawl queue already holding AHEAD subtasks, the next go to n2, which would start them at once; beyond AHEAD
+    # there, they wait in n1's queue (the second pass, by rate), never on n3.
     fast, near, slow = (10, 100, 93, 1.0, True), (10, 100, 93, 1.2, True), (10, 100, 93, 5.0, True)
     est = (SumsEstimates().runs("a.com", "n1", *[fast] * 4).runs("a.com", "n2", *[near] * 4)
            .runs("a.com", "n3", *[slow] * 4))
 
     def nodes(n1_queued: int) -> list[NodeView]:
         return [NodeView(id="n1", types=[0], free=4, queued=n1_queued), NodeView(id="n2", types=[0], free=4),
-                NodeView(id="n3", types=[0], free=4)]
+                NodeView(id="n3", types=[0], free=4, queued=1)]
 
     def run(subtasks: list[Subtask], n1_queued: int) -> dict[str, str]:
         strategy = BanditAllocation(explore_share=0)
@@ -1240,6 +1241,29 @@ def test_bandit_gives_work_to_a_node_that_would_start_it_at_once_before_queueing
     assert run(more, AHEAD) == {**{s.id: "n2" for s in more[:AHEAD]}, more[-1].id: "n1"}
     # AHEAD each to keep them busy, the best first
     assert run(more, 0) == {**{s.id: "n1" for s in more[:AHEAD]}, more[-1].id: "n2"}
+
+
+def test_bandit_gives_work_its_best_nodes_have_queued_enough_of_to_a_node_that_runs_dry_if_as_complete() -> None:
+    # n1 is the best on a.com (0.1 s a page) and has AHEAD subtasks waiting in its queue; n2 is five times slower
+    # with the same share (below the floor), n3 faster than n2 but served a tenth of the results (below the floor
+    # too). Neither has anything waiting. The subtasks n1 cannot start soon go to n2, one each call (it then has
+    # work waiting), never to n3 (its pages lose nine results in ten); with n2 busy, they queue behind n1.
+    fast, slow, thin = (10, 100, 93, 1.0, True), (10, 100, 93, 5.0, True), (10, 100, 10, 3.0, True)
+    est = (SumsEstimates().runs("a.com", "n1", *[fast] * 4).runs("a.com", "n2", *[slow] * 4)
+           .runs("a.com", "n3", *[thin] * 4))
+
+    def run(n1_queued: int, n2_queued: int = 0, n2_held: int = 0) -> dict[str, str]:
+        strategy = BanditAllocation(explore_share=0)
+        strategy.credit = 0.0
+        nodes = [NodeView(id="n1", types=[0], free=4, queued=n1_queued, held=2),
+                 NodeView(id="n2", types=[0], free=4, queued=n2_queued, held=n2_held),
+                 NodeView(id="n3", types=[0], free=4)]
+        return assigned(strategy.allocate([st("s1"), st("s2")], nodes, est, NOW))
+
+    assert run(0) == {"s1": "n1", "s2": "n1"}  # room ahead at the best: it waits for it
+    assert run(AHEAD) == {"s1": "n2", "s2": "n1"}  # the best has enough waiting: the first to n2, busy or not
+    assert run(AHEAD, n2_held=3) == {"s1": "n2", "s2": "n1"}
+    assert run(AHEAD, n2_queued=1) == {"s1": "n1", "s2": "n1"}  # n2 has work waiting: behind the best
 
 
 def test_bandit_gives_work_to_an_idle_node_before_a_busy_one_whose_queue_is_empty() -> None:
