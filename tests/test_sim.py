@@ -641,7 +641,7 @@ def test_a_busy_nodes_pair_that_turns_good_with_nothing_else_changing_is_found(t
     # The paper profile, and node2 turns good on cca.org.cn (node4's site, which node4 shares with weibo.com) at
     # 60 s. Nothing anyone runs changes then: only a look at the pair can find it (the bandit's probes). Before
     # them it went unused for the rest of the run in seeds 1 to 3, and after 17.6 s in seed 0; with them it is used
-    # in every run, after 8.3, 17.8, 1.2 and 22.7 s (a probe waits for node2's queue to empty).
+    # in every run, after 8.3, 13.4, 1.0 and 22.7 s (a probe waits for node2's queue to empty).
     import pkgutil
 
     from product_crawl.experiment import make_options, run_experiment

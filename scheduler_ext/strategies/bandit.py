@@ -922,34 +922,40 @@ class BanditAllocation(Allocation):
                       for entry in cls.queues[1][cls.heads[1]:])
         if not left:
             return []
-        for site in {id(cls.site): cls.site for cls in classes}.values():
+        sites = {id(cls.site): cls.site for cls in classes}
+        for site in sites.values():
             site.rewind()  # the free lists are walked by ``spare`` here: the next pass rewinds them again
         result: list[tuple[Subtask, str]] = []
-        walk: dict[int, int] = {}  # class -> where its walk of its site's free list stands (-1: nothing left)
-        for _, k, cls in left:
-            i = walk.get(k, 0)
+        # Per site, shared by its classes: where the walk of its free list stands (-1: no spare node left that
+        # qualifies) and the share a node must be sure of there. O(the spare rows of the sites walked, once).
+        walk: dict[int, int] = {}
+        cuts: dict[int, float] = {}
+        for _, _, cls in left:
+            site = cls.site
+            key = id(site)
+            i = walk.get(key, 0)
             if i < 0:
                 continue
-            rows = cls.site.ranking.by_rate
-            sums = cls.site.ranking.data[0]
-            top = sums.get(rows[0][2]) if rows and rows[0][0] < 0 else None
-            if top is None:
-                walk[k] = -1  # nobody collects anything there
-                continue
-            cut, fl = rate_floor * share_bound(top, 0.0), cls.site.free_list(math.inf)
+            sums = site.ranking.data[0]
+            cut = cuts.get(key)
+            if cut is None:
+                rows = site.ranking.by_rate
+                top = sums.get(rows[0][2]) if rows and rows[0][0] < 0 else None  # nobody collects: none qualifies
+                cut = cuts[key] = math.inf if top is None else rate_floor * share_bound(top, 0.0)
+            fl = site.free_list(math.inf)
             i = fl.first(i, spare)
             while i < len(fl.rows):
-                nid = fl.rows[i][2]
-                s = sums.get(nid)
-                rate = cls.rates.get(nid, 0.0) if nid in cls.skip else -fl.rows[i][0]
-                if rate > 0 and s is not None and share_bound(s) >= cut:
+                row = fl.rows[i]
+                s = sums.get(row[2])
+                if row[0] < 0 and s is not None and share_bound(s) >= cut:
                     break
                 i = fl.first(i + 1, spare)
+            walk[key] = i if i < len(fl.rows) else -1
             if i >= len(fl.rows):
-                walk[k] = -1
                 continue
-            walk[k] = i
             nid = fl.rows[i][2]
+            if nid in cls.skip and cls.rates.get(nid, 0.0) <= 0:
+                continue  # a node this class avoids (or rates at nothing): the site's next subtask may take it
             result.append((cls.queues[1][cls.heads[1]][1], nid))
             cls.heads[1] += 1
             spare[nid] -= 1
