@@ -640,8 +640,9 @@ def test_good_pairs_are_timed_from_turning_good_to_first_use_in_real_and_simulat
 def test_a_busy_nodes_pair_that_turns_good_with_nothing_else_changing_is_found(tmp_path: Path) -> None:
     # The paper profile, and node2 turns good on cca.org.cn (node4's site, which node4 shares with weibo.com) at
     # 60 s. Nothing anyone runs changes then: only a look at the pair can find it (the bandit's probes). Before
-    # them it went unused for the rest of the run in seeds 1 to 3, and after 17.6 s in seed 0; with them it is used
-    # in every run, after 8.3, 13.4, 1.0 and 22.7 s (a probe waits for node2's queue to empty).
+    # them it went unused for the rest of the run in seeds 1 to 3, and after 17.6 s in seed 0; with probes from
+    # idle nodes only it was used after 8.3, 13.4, 1.0 and 22.7 s (node2's queue seldom empties); now that a node
+    # with work queued probes too (once per PROBE_AGE), after 7.0, 3.4, 7.0 and 2.1 s.
     import pkgutil
 
     from product_crawl.experiment import make_options, run_experiment
@@ -659,7 +660,7 @@ def test_a_busy_nodes_pair_that_turns_good_with_nothing_else_changing_is_found(t
         summary, _ = run_experiment(opts, progress=Progress(io.StringIO()))
         assert [p[:3] for p in summary["good_pairs"]["pairs"]] == [["node2", "cca.org.cn", 60.0]]
         delays += summary["good_pairs"]["delays"]["dynamic"]
-    assert None not in delays and max(delays) <= 25.0 and sum(d <= 15.0 for d in delays) >= 2, delays
+    assert None not in delays and max(delays) <= 15.0, delays
 
 
 def test_experiment_sim_refuses_repeat_without_sim(tmp_path: Path) -> None:

@@ -820,7 +820,7 @@ BAD = (10, 100, 10, 6.0, True)  # 10 pages, 10 % served, 0.6 s a page
 def test_bandit_probes_a_pair_not_run_for_a_while_that_could_change_its_nodes_work() -> None:
     # n1 is good on a.com and busy; n2 was measured bad there. A pair nobody runs can turn good with nothing in the
     # cluster to show it: once its evidence is PROBE_AGE old it is drawn as untried, and a draw that beats what n2
-    # has to do sends one page of a subtask to look, if n2's crawl queue is empty.
+    # has to do sends one page of a subtask to look (with work queued at n2 too: the next test).
     def sent(age: float, a_best: tuple[int, int, int, float, bool] = GOOD, b_site: bool = False,
              queued: int = 0) -> Counter[int]:
         est = (SumsEstimates().runs("a.com", "n1", a_best, a_best, a_best)
@@ -837,9 +837,37 @@ def test_bandit_probes_a_pair_not_run_for_a_while_that_could_change_its_nodes_wo
     probes = sent(bandit_module.PROBE_AGE + 10)
     assert set(probes) == {bandit_module.PROBE_PAGES} and probes[bandit_module.PROBE_PAGES] >= 12, probes
     assert sent(bandit_module.PROBE_AGE / 2)[bandit_module.PROBE_PAGES] <= 1  # seen lately: hardly ever
-    assert sent(bandit_module.PROBE_AGE + 10, queued=1)[bandit_module.PROBE_PAGES] <= 1  # work waits at n2
+    assert sent(bandit_module.PROBE_AGE + 10, queued=1)[bandit_module.PROBE_PAGES] >= 12  # work waits at n2
     # n2 has far better to do on b.com than anyone does on a.com: finding n2 good there would change nothing
     assert sent(bandit_module.PROBE_AGE + 10, a_best=(10, 100, 50, 2.0, True), b_site=True)[1] <= 1
+
+
+@pytest.mark.parametrize("queued", [1, 0])
+def test_bandit_a_node_with_work_queued_probes_once_per_probe_age_outside_the_budget(queued: int) -> None:
+    # n2 crawls b.com and was measured bad on a.com and c.com a minute ago, where n1 (busy) is good. A node whose
+    # crawl queue never empties must still look at its stale pairs now and then (the four-node profile of
+    # test_sim: before, its pair that turned good waited for the queue to empty), but not at every tick: once per
+    # PROBE_AGE, and outside the exploration budget (the re-opened pairs' budget). With nothing queued, a node
+    # probes on the budget, and there is none here.
+    est = (SumsEstimates().runs("a.com", "n1", GOOD, GOOD, GOOD).runs("c.com", "n1", GOOD, GOOD, GOOD)
+           .runs("a.com", "n2", BAD, BAD, BAD, BAD, at=NOW - 60).runs("c.com", "n2", BAD, BAD, BAD, BAD, at=NOW - 60)
+           .runs("b.com", "n2", GOOD, GOOD, GOOD))
+    strategy = BanditAllocation(seed=1)
+    strategy.credit = 0.0
+    n2 = replace(node("n2", 2), queued=queued)
+    probes = []
+    for k in range(60):  # a tick every half second for 30 s; nothing reports meanwhile
+        now = NOW + k / 2
+        window = [st(f"a{k}"), st(f"c{k}", site="c.com")]
+        for s, nid in strategy.allocate(window, [node("n1", 0), n2], est, now):
+            assert nid == "n2" and s.page_limit == bandit_module.PROBE_PAGES, (s, nid)
+            probes.append((now, s.site))
+    if not queued:
+        assert probes == [] and strategy.probed == 0
+        return
+    assert len(probes) >= 2 and {site for _, site in probes} == {"a.com", "c.com"}, probes
+    assert all(b[0] - a[0] >= bandit_module.PROBE_AGE for a, b in zip(probes, probes[1:], strict=False)), probes
+    assert strategy.probed == len(probes) and strategy.credit == 0.0
 
 
 @pytest.mark.parametrize("served", [9, 1])

@@ -42,8 +42,9 @@ Per tick, over the window of waiting subtasks the control passes (priority order
    is out, on what the changes found grant: each confirmed change, as many explorations as the changes it stands
    for among the cluster's pairs (:meth:`ChangeHazard.change`). A pair not run for :data:`PROBE_AGE` seconds is
    drawn as untried, and a draw that beats what its node has (in the window, or was given lately) sends a probe
-   of :data:`PROBE_PAGES` page instead: a pair nobody runs can turn good with nothing to show it. A probe that
-   collected half its page re-opens its pair at once (:meth:`BanditAllocation._watch`).
+   of :data:`PROBE_PAGES` page instead: a pair nobody runs can turn good with nothing to show it. A node with work
+   queued probes at most once per :data:`PROBE_AGE`, outside the budget. A probe that collected half its page
+   re-opens its pair at once (:meth:`BanditAllocation._watch`).
 5. Matching: explorations (of pairs never run first, then of re-opened pairs and probes, each best draw first),
    then the exploit pairs as the dynamic allocation matches them (aged subtasks first,
    then the highest expected rate, then priority), first onto idle nodes (nothing held at their last heartbeat,
@@ -132,11 +133,11 @@ EXPLORE_ROOM = 2
 #: good pair for 18 to 20 s (bench_quality unlucky and drift, seeds 10 to 29); at 3 s the captcha family lost 2 % of
 #: its items (blocked pairs explored again too soon), at 6 s none, and the longest wait fell to 9.7 s.
 EXPLORE_REST = 6.0
-#: Seconds after its last run that a pair which could change its node's work is probed, when the node's crawl queue
-#: is empty (:meth:`BanditAllocation.allocate`): a pair nobody runs may turn good with nothing in the cluster to show
-#: it (no pair that runs changes), and only a look at it can tell. Such a pair is looked at about this often: a pair
-#: that turns good is run within about this many seconds and a run, under the 15 s the issue asks
-#: (docs/strategies.md, "Probes").
+#: Seconds after its last run that a pair which could change its node's work is probed (:meth:`BanditAllocation.
+#: allocate`): a pair nobody runs may turn good with nothing in the cluster to show it (no pair that runs changes),
+#: and only a look at it can tell. Such a pair is looked at about this often: a pair that turns good is run within
+#: about this many seconds and a run, under the 15 s the issue asks (docs/strategies.md, "Probes"). Also the
+#: least time between two probes of a node with work queued (whose queue may never empty).
 PROBE_AGE = 10.0
 #: Pages a probe crawls: one page tells a pair that serves most of its results (0.8 to 0.97 of a page, in a tenth
 #: of a second) from one that serves a fifth in half a second or fails, and costs a third of an exploration.
@@ -431,6 +432,7 @@ class BanditAllocation(Allocation):
         self.explored = 0  # explorations sent (for stats and tests)
         self.probed = 0  # probes sent (for stats and tests)
         self._probes: dict[tuple[str, str], float] = {}  # (site, node) -> when its probe was sent
+        self._busy_probed: dict[str, float] = {}  # node -> when it last probed with work queued
         self._reopened: set[tuple[str, str]] = set()  # pairs whose probe collected: drawn as untried (see _watch)
         self._doing: dict[str, tuple[float, float]] = {}  # node -> (the best rate it was given lately, when)
         # Sums -> (prior, when, posterior): a pair's posterior changes with a new run (new sums) or the prior, and
@@ -760,14 +762,17 @@ class BanditAllocation(Allocation):
                 s = seen = sums.get(nid)  # s: the evidence drawn from (None: the prior)
                 if s is not None and (st.site, nid) in self._reopened:
                     s = None  # its probe collected: as good as untried
-                elif s is not None and now - s.t >= PROBE_AGE and best > 0 and not queued.get(nid):
-                    # Not run for PROBE_AGE seconds, and its node has nothing waiting in its queue (the page takes a
-                    # slot that would wait for work): drawn as untried; a draw that beats what the node has (in the
-                    # window, or was given lately) is a probe of PROBE_PAGES, which tells whether it turned good
+                elif s is not None and now - s.t >= PROBE_AGE and best > 0 and (
+                        not queued.get(nid) or now - self._busy_probed.get(nid, -math.inf) >= PROBE_AGE):
+                    # Not run for PROBE_AGE seconds: drawn as untried; a draw that beats what the node has (in the
+                    # window, or was given lately) is a probe of PROBE_PAGES, which tells whether it turned good.
+                    # A node with nothing waiting in its queue probes on the budget (the page takes a slot that
+                    # would wait for work); a node with work queued, whose queue may never empty, once per
+                    # PROBE_AGE at most and outside the budget (``needed``: the budget is the re-opened pairs')
                     draw = prior.sample(self.rng)
                     if draw > self.rate_floor * best and draw > max(own(nid), busy_rate(nid)):
-                        explore.append((1, -draw / best, order, False, st, nid, False, min(1.0, own(nid) / top)
-                                        if top > 0 else 1.0, PROBE_PAGES))
+                        explore.append((1, -draw / best, order, bool(queued.get(nid)), st, nid, False,
+                                        min(1.0, own(nid) / top) if top > 0 else 1.0, PROBE_PAGES))
                     continue
                 elif s is not None and s.t < site_change(sums):
                     s = None  # tried before the site changed how it treats some node: as good as untried
@@ -1087,6 +1092,9 @@ class BanditAllocation(Allocation):
         for _, _, _, needed, st, nid, stale, forgone, probe in explore:
             if st.id in assigned or free.get(nid, 0) <= 0 or self._in_flight((st.site, nid), now):
                 continue
+            busy = bool(probe and queued.get(nid))
+            if busy and now - self._busy_probed.get(nid, -math.inf) < PROBE_AGE:
+                continue  # a node with work queued: one probe per PROBE_AGE at most
             pages = min(st.page_limit, probe or self.explore_pages)
             if not needed:
                 if self.credit >= pages * forgone:
@@ -1099,7 +1107,10 @@ class BanditAllocation(Allocation):
             if probe:
                 if len(self._probes) > 65536:
                     self._probes.clear()
+                    self._busy_probed.clear()
                 self._probes[(st.site, nid)] = now
+                if busy:
+                    self._busy_probed[nid] = now
                 self.probed += 1
             else:
                 self._reopened.discard((st.site, nid))
