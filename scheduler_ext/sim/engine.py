@@ -49,7 +49,9 @@ are computed from either by the same code.
 from __future__ import annotations
 
 import bisect
+import contextlib
 import dataclasses
+import gc
 import heapq
 import math
 import random
@@ -64,6 +66,27 @@ from ..models import Report, Subtask, Task, resume_page
 from ..strategies import Allocation, Modification, NodeView, Recall
 from .estimates import MemoryEstimates
 from .world import PAGE_SIZE, World
+
+#: Allocations between two collections of the youngest generation while a simulation runs (Python's default: 700).
+YOUNG_COLLECTION = 100_000
+
+
+@contextlib.contextmanager
+def few_collections(young: int = YOUNG_COLLECTION) -> Iterator[None]:
+    """Python's cyclic garbage collector, told to look at new objects less often for the block (restored after).
+
+    A simulation makes millions of short-lived, acyclic objects (subtasks, reports, records) beside a large heap
+    that lives as long as the run; with the default threshold the collector walked the young generations every 700
+    allocations, and its passes were a fifth to two fifths of a 1,000-node run's CPU (``bench_quality.scale_run``,
+    60 s: 50 CPU s with the default, 38 with this one, 32 to 38 with the collector off; the same items, the same
+    memory). Cycles are still collected, only in larger batches.
+    """
+    old = gc.get_threshold()
+    gc.set_threshold(max(old[0], young), *old[1:])
+    try:
+        yield
+    finally:
+        gc.set_threshold(*old)
 
 
 @dataclass(frozen=True)
@@ -277,6 +300,10 @@ class Simulation:
 
     def run(self) -> dict[str, Any]:
         """Simulate ``duration`` seconds; the raw record (see the module doc)."""
+        with few_collections():
+            return self._run()
+
+    def _run(self) -> dict[str, Any]:
         self._at(0.0, "tick")
         self._at(0.0, "sample")
         for n in self.nodes.values():
