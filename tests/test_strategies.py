@@ -820,7 +820,7 @@ BAD = (10, 100, 10, 6.0, True)  # 10 pages, 10 % served, 0.6 s a page
 def test_bandit_probes_a_pair_not_run_for_a_while_that_could_change_its_nodes_work() -> None:
     # n1 is good on a.com and busy; n2 was measured bad there. A pair nobody runs can turn good with nothing in the
     # cluster to show it: once its evidence is PROBE_AGE old it is drawn as untried, and a draw that beats what n2
-    # has to do sends one page of a subtask to look (with work queued at n2 too: the next test).
+    # has to do sends one page of a subtask to look, if n2's crawl queue is empty (with work queued: the next test).
     def sent(age: float, a_best: tuple[int, int, int, float, bool] = GOOD, b_site: bool = False,
              queued: int = 0) -> Counter[int]:
         est = (SumsEstimates().runs("a.com", "n1", a_best, a_best, a_best)
@@ -837,37 +837,49 @@ def test_bandit_probes_a_pair_not_run_for_a_while_that_could_change_its_nodes_wo
     probes = sent(bandit_module.PROBE_AGE + 10)
     assert set(probes) == {bandit_module.PROBE_PAGES} and probes[bandit_module.PROBE_PAGES] >= 12, probes
     assert sent(bandit_module.PROBE_AGE / 2)[bandit_module.PROBE_PAGES] <= 1  # seen lately: hardly ever
-    assert sent(bandit_module.PROBE_AGE + 10, queued=1)[bandit_module.PROBE_PAGES] >= 12  # work waits at n2
+    # work waits at n2, which this strategy never gave a page: no probe earned (the next test)
+    assert sent(bandit_module.PROBE_AGE + 10, queued=1)[bandit_module.PROBE_PAGES] <= 1
     # n2 has far better to do on b.com than anyone does on a.com: finding n2 good there would change nothing
     assert sent(bandit_module.PROBE_AGE + 10, a_best=(10, 100, 50, 2.0, True), b_site=True)[1] <= 1
 
 
 @pytest.mark.parametrize("queued", [1, 0])
-def test_bandit_a_node_with_work_queued_probes_once_per_probe_age_outside_the_budget(queued: int) -> None:
+@pytest.mark.parametrize("own_work", [True, False])
+def test_bandit_a_node_with_work_queued_probes_now_and_then_outside_the_budget(queued: int, own_work: bool) -> None:
     # n2 crawls b.com and was measured bad on a.com and c.com a minute ago, where n1 (busy) is good. A node whose
     # crawl queue never empties must still look at its stale pairs now and then (the four-node profile of
     # test_sim: before, its pair that turned good waited for the queue to empty), but not at every tick: once per
-    # PROBE_AGE, and outside the exploration budget (the re-opened pairs' budget). With nothing queued, a node
-    # probes on the budget, and there is none here.
+    # PROBE_AGE, and once per 1 / BUSY_PROBE_SHARE pages it is given (a slow node's pages are few), outside the
+    # exploration budget (the re-opened pairs' budget). With nothing queued, a node probes on the budget, and
+    # there is none here.
     est = (SumsEstimates().runs("a.com", "n1", GOOD, GOOD, GOOD).runs("c.com", "n1", GOOD, GOOD, GOOD)
            .runs("a.com", "n2", BAD, BAD, BAD, BAD, at=NOW - 60).runs("c.com", "n2", BAD, BAD, BAD, BAD, at=NOW - 60)
            .runs("b.com", "n2", GOOD, GOOD, GOOD))
     strategy = BanditAllocation(seed=1)
-    strategy.credit = 0.0
-    n2 = replace(node("n2", 2), queued=queued)
-    probes = []
+    n2 = replace(node("n2", 3), queued=queued)
+    probes, given = [], 0
     for k in range(60):  # a tick every half second for 30 s; nothing reports meanwhile
         now = NOW + k / 2
-        window = [st(f"a{k}"), st(f"c{k}", site="c.com")]
+        strategy.credit = 0.0  # no budget at any tick
+        own = [replace(st(f"b{k}-{i}", site="b.com"), page_limit=20) for i in range(2)] if own_work else []
+        window = [st(f"a{k}"), st(f"c{k}", site="c.com"), *own]
         for s, nid in strategy.allocate(window, [node("n1", 0), n2], est, now):
-            assert nid == "n2" and s.page_limit == bandit_module.PROBE_PAGES, (s, nid)
-            probes.append((now, s.site))
+            assert nid == "n2", (s, nid)
+            if s.site == "b.com":
+                given += s.page_limit
+            else:
+                assert s.page_limit == bandit_module.PROBE_PAGES, s
+                probes.append((now, s.site))
+    assert strategy.probed == len(probes)
     if not queued:
-        assert probes == [] and strategy.probed == 0
+        assert probes == []
         return
-    assert len(probes) >= 2 and {site for _, site in probes} == {"a.com", "c.com"}, probes
     assert all(b[0] - a[0] >= bandit_module.PROBE_AGE for a, b in zip(probes, probes[1:], strict=False)), probes
-    assert strategy.probed == len(probes) and strategy.credit == 0.0
+    if own_work:  # given far more than 1 / BUSY_PROBE_SHARE pages in 30 s: a probe every PROBE_AGE
+        assert given * bandit_module.BUSY_PROBE_SHARE > 3 and len(probes) >= 2, (given, probes)
+        assert {site for _, site in probes} == {"a.com", "c.com"}, probes
+    else:  # given nothing: it earned no probe
+        assert probes == [], probes
 
 
 @pytest.mark.parametrize("served", [9, 1])

@@ -139,6 +139,10 @@ EXPLORE_REST = 6.0
 #: about this many seconds and a run, under the 15 s the issue asks (docs/strategies.md, "Probes"). Also the
 #: least time between two probes of a node with work queued (whose queue may never empty).
 PROBE_AGE = 10.0
+#: Pages a node with work queued earns towards its next probe for each page it is given: a probe every 50 pages at
+#: most, besides once per :data:`PROBE_AGE` (at a polite pace, a page every 2 s, a probe every 10 s took a fifth of a
+#: node's pages: docs/experiment.md, "Probes from busy nodes").
+BUSY_PROBE_SHARE = 0.005
 #: Pages a probe crawls: one page tells a pair that serves most of its results (0.8 to 0.97 of a page, in a tenth
 #: of a second) from one that serves a fifth in half a second or fails, and costs a third of an exploration.
 PROBE_PAGES = 1
@@ -433,6 +437,7 @@ class BanditAllocation(Allocation):
         self.probed = 0  # probes sent (for stats and tests)
         self._probes: dict[tuple[str, str], float] = {}  # (site, node) -> when its probe was sent
         self._busy_probed: dict[str, float] = {}  # node -> when it last probed with work queued
+        self._probe_credit: dict[str, float] = {}  # node -> pages earned towards its next probe with work queued
         self._reopened: set[tuple[str, str]] = set()  # pairs whose probe collected: drawn as untried (see _watch)
         self._doing: dict[str, tuple[float, float]] = {}  # node -> (the best rate it was given lately, when)
         # Sums -> (prior, when, posterior): a pair's posterior changes with a new run (new sums) or the prior, and
@@ -763,12 +768,13 @@ class BanditAllocation(Allocation):
                 if s is not None and (st.site, nid) in self._reopened:
                     s = None  # its probe collected: as good as untried
                 elif s is not None and now - s.t >= PROBE_AGE and best > 0 and (
-                        not queued.get(nid) or now - self._busy_probed.get(nid, -math.inf) >= PROBE_AGE):
+                        not queued.get(nid) or self._busy_probe_due(nid, now)):
                     # Not run for PROBE_AGE seconds: drawn as untried; a draw that beats what the node has (in the
                     # window, or was given lately) is a probe of PROBE_PAGES, which tells whether it turned good.
                     # A node with nothing waiting in its queue probes on the budget (the page takes a slot that
                     # would wait for work); a node with work queued, whose queue may never empty, once per
-                    # PROBE_AGE at most and outside the budget (``needed``: the budget is the re-opened pairs')
+                    # PROBE_AGE and per 1 / BUSY_PROBE_SHARE pages it is given at most, outside the budget
+                    # (``needed``: the budget is the re-opened pairs')
                     draw = prior.sample(self.rng)
                     if draw > self.rate_floor * best and draw > max(own(nid), busy_rate(nid)):
                         explore.append((1, -draw / best, order, bool(queued.get(nid)), st, nid, False,
@@ -1093,8 +1099,8 @@ class BanditAllocation(Allocation):
             if st.id in assigned or free.get(nid, 0) <= 0 or self._in_flight((st.site, nid), now):
                 continue
             busy = bool(probe and queued.get(nid))
-            if busy and now - self._busy_probed.get(nid, -math.inf) < PROBE_AGE:
-                continue  # a node with work queued: one probe per PROBE_AGE at most
+            if busy and not self._busy_probe_due(nid, now):
+                continue  # a node with work queued probed lately
             pages = min(st.page_limit, probe or self.explore_pages)
             if not needed:
                 if self.credit >= pages * forgone:
@@ -1111,6 +1117,7 @@ class BanditAllocation(Allocation):
                 self._probes[(st.site, nid)] = now
                 if busy:
                     self._busy_probed[nid] = now
+                    self._probe_credit[nid] = 0.0
                 self.probed += 1
             else:
                 self._reopened.discard((st.site, nid))
@@ -1127,4 +1134,16 @@ class BanditAllocation(Allocation):
         # explorations.
         self.credit = min(self.credit + self.explore_share * sum(st.page_limit for st, _ in exploited),
                           (1.0 + self.explore_share * cluster) * self.unit)
+        earned = self._probe_credit
+        if len(earned) > 65536:
+            earned.clear()
+        for st, nid in exploited:
+            earned[nid] = min(float(PROBE_PAGES), earned.get(nid, 0.0) + BUSY_PROBE_SHARE * st.page_limit)
         return result, exploited
+
+    def _busy_probe_due(self, nid: str, now: float) -> bool:
+        """Whether a node with work queued may probe: none for :data:`PROBE_AGE` seconds, and a probe's pages
+        earned since its last, or since it was first given work (:data:`BUSY_PROBE_SHARE` of the pages it was
+        given)."""
+        return (now - self._busy_probed.get(nid, -math.inf) >= PROBE_AGE
+                and self._probe_credit.get(nid, 0.0) >= PROBE_PAGES - 1e-9)
