@@ -935,8 +935,7 @@ class BanditAllocation(Allocation):
                       for entry in cls.queues[1][cls.heads[1]:])
         if not left:
             return []
-        sites = {id(cls.site): cls.site for cls in classes}
-        for site in sites.values():
+        for site in {id(cls.site): cls.site for cls in classes}.values():
             site.rewind()  # the free lists are walked by ``spare`` here: the next pass rewinds them again
         result: list[tuple[Subtask, str]] = []
         # Per site, shared by its classes: where the walk of its free list stands (-1: no spare node left that
@@ -1115,7 +1114,6 @@ class BanditAllocation(Allocation):
             if probe:
                 if len(self._probes) > 65536:
                     self._probes.clear()
-                    self._busy_probed.clear()
                 self._probes[(st.site, nid)] = now
                 if busy:
                     self._busy_probed[nid] = now
@@ -1137,8 +1135,9 @@ class BanditAllocation(Allocation):
         self.credit = min(self.credit + self.explore_share * sum(st.page_limit for st, _ in exploited),
                           (1.0 + self.explore_share * cluster) * self.unit)
         earned = self._probe_credit
-        if len(earned) > 65536:
+        if len(earned) > 65536:  # nodes that came and went: start over (per node, as the clock)
             earned.clear()
+            self._busy_probed.clear()
         for st, nid in exploited:
             earned[nid] = min(float(PROBE_PAGES), earned.get(nid, 0.0) + BUSY_PROBE_SHARE * st.page_limit)
         return result, exploited
