@@ -57,7 +57,7 @@ from .keys import Keys
 from .models import Report, Subtask, Task, loads_object
 from .store import Guard, Store, Write
 from .strategies import Allocation, Estimate, Estimates, Modification, NodeView, Recall, RecallDecision, load_strategy
-from .strategies.posterior import Sums
+from .strategies.posterior import SiteSums, Sums
 
 logger = logging.getLogger(__name__)
 
@@ -86,7 +86,7 @@ class EstimateCache:
         self._sites: dict[str, dict[str, tuple[Estimate | None, Estimate | None]]] = {}  # site -> node -> (c, spp)
         self._groups: dict[tuple[str, str], dict[str, Estimate | None]] = {}  # (group, site) -> node -> spp
         # The bandit's sums (scheduler_ext/strategies/posterior.py), parsed from the same fields.
-        self._site_sums: dict[str, dict[str, Sums]] = {}
+        self._site_sums: dict[str, SiteSums] = {}
         self._group_sums: dict[tuple[str, str], dict[str, Sums]] = {}
         self.reads = 0  # hashes or fields read from Redis, for benchmarks and tests
 
@@ -119,15 +119,17 @@ class EstimateCache:
         if not fields:
             return
         self.reads += len(fields)
-        # Copy on write: a changed site gets a new mapping, which is how allocation knows to re-rank its nodes.
+        # Copy on write: a changed site gets a new mapping, which is how allocation knows to re-rank its nodes (the
+        # nodes that changed only: SiteSums).
         sites = {what: dict(self._sites[what]) for kind, what, _ in fields if kind == "s"}
-        site_sums = {what: dict(self._site_sums.get(what, {})) for what in sites}
+        site_sums = {what: self._site_sums[what].successor() if what in self._site_sums else SiteSums()
+                     for what in sites}
         for (kind, what, node), raw in zip(fields, rows, strict=True):
             e = _parse_one(raw)
             sums = _sums(e)
             if kind == "s":
                 sites[what][node] = (_estimate(e, "c"), _estimate(e, "spp"))
-                _put(site_sums[what], node, sums)
+                site_sums[what].put(node, sums)
             elif e is None:  # gone: the finish script keeps the most recent GROUP_NODES nodes' figures
                 self._groups[what].pop(node, None)
                 self._group_sums.get(what, {}).pop(node, None)
@@ -161,7 +163,7 @@ class EstimateCache:
         for site, fields in zip(sites, rows, strict=False):
             parsed = {node: e for node, raw in fields.items() if (e := _parse_one(raw)) is not None}
             self._sites[site] = {node: (_estimate(e, "c"), _estimate(e, "spp")) for node, e in parsed.items()}
-            self._site_sums[site] = {node: s for node, e in parsed.items() if (s := _sums(e)) is not None}
+            self._site_sums[site] = SiteSums({node: s for node, e in parsed.items() if (s := _sums(e)) is not None})
         for gs, fields in zip(groups, rows[len(sites):], strict=True):
             parsed = {node: e for node, raw in fields.items() if (e := _parse_one(raw)) is not None}
             self._groups[gs] = {node: _estimate(e, "spp") for node, e in parsed.items()}
@@ -197,10 +199,10 @@ class EstimateCache:
         return self._groups[(group, site)]
 
     # --- the bandit's sums (the EstimateSums protocol) -------------------------------------------------------
-    def site_sums(self, site: str) -> dict[str, Sums]:
+    def site_sums(self, site: str) -> Mapping[str, Sums]:
         if site not in self._sites:
             self.prefetch([site], [])
-        return self._site_sums.setdefault(site, {})
+        return self._site_sums.setdefault(site, SiteSums())
 
     def group_sums(self, group: str, site: str) -> Mapping[str, Sums]:
         key = (group, site)

@@ -35,7 +35,7 @@ from scheduler_ext.sim.estimates import MemoryEstimates
 from scheduler_ext.sim.families import FAMILIES, generate
 from scheduler_ext.store import Store, Write
 from scheduler_ext.strategies import Allocation, NodeView
-from scheduler_ext.strategies.posterior import GROUP_NODES
+from scheduler_ext.strategies.posterior import GROUP_NODES, changed_since
 
 
 @pytest.fixture
@@ -130,6 +130,47 @@ def test_group_figures_keep_the_nodes_that_ran_the_product_last(store: Store) ->
         cache.queue_reads(fields, pipe)
         cache.update(fields, pipe.execute())
     assert set(cache.group_sums("milk", "a.com")) == set(cache.group_figures("milk", "a.com")) == set(recent)
+
+
+def test_the_controls_cache_tells_which_nodes_of_a_site_changed(store: Store) -> None:
+    """A tick's refresh gives a changed site a new mapping (SiteSums) naming the nodes that changed since the one
+    it replaced, so that readers look at those only; a mapping two refreshes old is not told (None: compare)."""
+    k = store.keys
+    cache = EstimateCache(store)
+
+    def run(node: str, i: int, collected: int) -> None:
+        st = Subtask(id=f"s{i}", task="t", site="a.com", group="milk", first_page=0, page_limit=10, time_limit=30)
+        store.redis.lpush(k.crawl(node), st.to_json())
+        taken = store.take(node, 30.0, 10.0)
+        assert taken is not None
+        report = Report(subtask=st, node=node, outcome="done", offered=50, collected=collected, pages=5)
+        assert store.finish(st.id, taken[1], report.to_json(), node=node, site="a.com", group="milk", offered=50,
+                            collected=collected, pages=5, seconds=1.0, ok=True, alpha=0.3, runs_maxlen=100)
+
+    def refresh() -> None:
+        fields = cache.changed(store.redis.smembers(k.est_dirty))
+        with store.redis.pipeline(transaction=False) as pipe:
+            cache.queue_reads(fields, pipe)
+            cache.update(fields, pipe.execute())
+        store.redis.delete(k.est_dirty)
+
+    for i, node in enumerate(["n1", "n2", "n3"]):
+        run(node, i, 45)
+    first = cache.site_sums("a.com")
+    store.redis.delete(k.est_dirty)
+    assert set(first) == {"n1", "n2", "n3"} and changed_since(first, {}) is None
+    run("n2", 3, 5)
+    run("n4", 4, 40)
+    refresh()
+    second = cache.site_sums("a.com")
+    assert second is not first and changed_since(second, first) == {"n2", "n4"}
+    assert second["n1"] is first["n1"] and second["n2"].got < first["n2"].got and set(first) == {"n1", "n2", "n3"}
+    store.redis.hdel(k.est_site("a.com"), "n3")  # a field gone (by hand), marked as the finish script marks
+    store.redis.sadd(k.est_dirty, "s|n3|a.com")
+    refresh()
+    third = cache.site_sums("a.com")
+    assert set(third) == {"n1", "n2", "n4"} and changed_since(third, second) == {"n3"}
+    assert changed_since(third, first) is None and changed_since(third, third) == set()
 
 
 # --- the bound ------------------------------------------------------------------------------------------------------
@@ -372,6 +413,40 @@ def test_the_fast_tick_decides_what_the_former_tick_did(name: str, family: str) 
     (fast, fast_log), (ref, ref_log) = runs
     assert len(fast_log) > 20 and fast_log == ref_log
     assert fast["samples"] == ref["samples"] and fast["first_use"] == ref["first_use"]
+
+
+class Scanned(MemoryEstimates):
+    """Estimates whose sites' sums do not tell what changed (a plain copy of each mapping, one per mapping): every
+    reader falls back to comparing the nodes one by one."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._plain: dict[int, tuple[Any, dict[str, Any]]] = {}
+
+    def site_sums(self, site: str) -> Any:
+        sums = super().site_sums(site)
+        hit = self._plain.get(id(sums))
+        if hit is None or hit[0] is not sums:
+            hit = self._plain[id(sums)] = (sums, dict(sums))
+        return hit[1]
+
+
+@pytest.mark.parametrize(("family", "seed"), [("drift", 5), ("churn", 2), ("captcha", 1)])
+def test_reading_only_the_nodes_that_changed_decides_what_a_scan_of_every_node_does(family: str, seed: int) -> None:
+    # The bandit's ranking and prior, the site's latest change point and RelativeModification's best completion
+    # follow the nodes whose sums changed (SiteSums, SiteMax); compared node by node instead, the same run.
+    runs = []
+    for scanned in (False, True):
+        world = generate(family, nodes=8, sites=5, duration=90, seed=seed)
+        allocation, modification, recall = CONFIGS["bandit"](seed)
+        sim = Logged(world, world.nodes, _tasks(world.sites, 4, seed), allocation=allocation,
+                     modification=modification, recall=recall, duration=90, seed=seed)
+        if scanned:
+            sim.estimates = Scanned(sim.estimates.alpha, fail_cost=sim.estimates.fail_cost)
+        runs.append((sim.run(), sim.log))
+    (fast, fast_log), (ref, ref_log) = runs
+    assert len(fast_log) > 20 and fast_log == ref_log
+    assert fast["samples"] == ref["samples"] and fast["samples"][-1]["items"] > 0
 
 
 def test_nodes_that_leave_have_their_work_recalled_and_nodes_that_join_get_work() -> None:

@@ -1356,3 +1356,28 @@ def test_bandit_weighs_no_more_of_a_sites_subtasks_than_its_free_nodes_can_take(
     assert weighed == [*[f"a{i}" for i in range(1 + EXPLORE_ROOM)], "old", "again", *[f"b{i}" for i in range(5)]]
     # b.com's first goes first (an exploration of a site nobody knows), the aged one to the node left
     assert result == {"b0": "n1", "b1": "n3", "old": "n3"}
+
+
+def test_a_sites_maxima_kept_from_the_nodes_that_changed_are_those_of_a_scan() -> None:
+    # The bandit's prior (best share, best pace) and a site's latest change point, kept by SiteMax from the nodes
+    # each new mapping names, against a scan of every node: runs that raise and lower the best, nodes that go,
+    # mappings skipped (not read: the next one does not name its changes relative to the last one read).
+    rng = random.Random(11)
+    summary = bandit_module._SiteSummary()
+    sums = posterior_module.SiteSums()
+    reads = 0
+    for step in range(600):
+        sums = sums.successor()
+        for _ in range(rng.randint(0, 4)):
+            node = f"n{rng.randrange(12)}"
+            if rng.random() < 0.1:
+                sums.put(node, None)
+            else:
+                pages = rng.choice([0.0, 1.0, 3.0, 10.0])
+                sums.put(node, Sums(n=1.0, pages=pages, got=rng.uniform(0, pages), sec=rng.choice([0.0, 0.5, 2.0]),
+                                    xp=rng.choice([0.0, pages]), cp=rng.choice([0.0, float(step)])))
+        if rng.random() < 0.7:
+            reads += 1
+            assert summary.prior(sums) == BanditAllocation._prior(sums), f"step {step}"
+            assert (summary.cp.value(sums) or 0.0) == max((s.cp for s in sums.values()), default=0.0)
+    assert reads > 300

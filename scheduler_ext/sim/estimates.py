@@ -8,10 +8,14 @@ a real Redis.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
+from types import MappingProxyType
 
 from ..strategies import Estimate
-from ..strategies.posterior import GROUP_NODES, Sums, update_sums
+from ..strategies.posterior import GROUP_NODES, SiteSums, Sums, update_sums
+
+_NO_SUMS: Mapping[str, Sums] = MappingProxyType({})  # a site nobody ran
 
 
 @dataclass(frozen=True)
@@ -56,31 +60,33 @@ class MemoryEstimates:
         self.fail_cost = fail_cost  # seconds a failed run costs its task beyond its own (the recall: 1.5 ticks)
         self.sites: dict[str, dict[str, Entry]] = {}
         self.groups: dict[tuple[str, str], dict[str, Entry]] = {}
-        self._site_sums: dict[str, dict[str, Sums]] = {}
+        self._site_sums: dict[str, SiteSums] = {}
         self._group_sums: dict[tuple[str, str], dict[str, Sums]] = {}
         self._copied: set[str] = set()  # sites whose sums are a new mapping since the last read()
 
     def finish(self, *, site: str, group: str, node: str, offered: int, collected: int, pages: int,
                seconds: float, ok: bool, now: float, attempted: int | None = None, blocked: int = 0,
                node_seconds: float | None = None) -> None:
-        def update(entries: dict[str, Entry], sums: dict[str, Sums], with_completion: bool) -> None:
+        def update(entries: dict[str, Entry], with_completion: bool) -> Sums:
             e = entries[node] = updated(entries.get(node), offered=offered, collected=collected, pages=pages,
                                         seconds=seconds, ok=ok, alpha=self.alpha, now=now,
                                         with_completion=with_completion, attempted=attempted,
                                         fail_cost=self.fail_cost, blocked=blocked, node_seconds=node_seconds)
             assert e.sums is not None  # updated() always sets them
-            sums[node] = e.sums
+            return e.sums
 
         # Copy on write, as the control's cache does at each tick's refresh: a site's sums are a new mapping once
-        # a run finished there since the last read, which is how allocation knows to re-rank the site's nodes.
+        # a run finished there since the last read, which is how allocation knows to re-rank the site's nodes
+        # (the nodes that changed only: SiteSums).
         if site in self._copied:
             site_sums = self._site_sums[site]
         else:
-            site_sums = self._site_sums[site] = dict(self._site_sums.get(site, {}))
+            old = self._site_sums.get(site)
+            site_sums = self._site_sums[site] = SiteSums() if old is None else old.successor()
             self._copied.add(site)
-        update(self.sites.setdefault(site, {}), site_sums, True)
+        site_sums.put(node, update(self.sites.setdefault(site, {}), True))
         entries, sums = self.groups.setdefault((group, site), {}), self._group_sums.setdefault((group, site), {})
-        update(entries, sums, False)
+        sums[node] = update(entries, False)
         if len(entries) > GROUP_NODES:  # the product's figures of the node that ran it least recently go
             oldest = min((e.last, n) for n, e in entries.items() if n != node)[1]
             del entries[oldest]
@@ -107,8 +113,8 @@ class MemoryEstimates:
         e = self.sites.get(site, {}).get(node)
         return None if e is None or e.spp is None else Estimate(e.spp, e.runs, e.last)
 
-    def site_sums(self, site: str) -> dict[str, Sums]:
-        return self._site_sums.get(site, {})
+    def site_sums(self, site: str) -> Mapping[str, Sums]:
+        return self._site_sums.get(site, _NO_SUMS)
 
     def group_sums(self, group: str, site: str) -> dict[str, Sums]:
         return self._group_sums.get((group, site), {})

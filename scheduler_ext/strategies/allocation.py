@@ -101,6 +101,8 @@ class _Ranking:
 
     def under(self, threshold: float) -> list[tuple[float, int, str]]:
         """``by_rate`` without the nodes slower than ``threshold`` seconds per page (kept per threshold)."""
+        if threshold == math.inf:
+            return self.by_rate  # every node (the bandit's: no node is too slow)
         rows = self._under.get(threshold)
         if rows is None:
             spp = self.spp

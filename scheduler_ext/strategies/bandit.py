@@ -99,7 +99,9 @@ from .posterior import (
     CHANGE_SHIFT,
     PRIOR_WEIGHT,
     Posterior,
+    SiteMax,
     Sums,
+    changed_since,
     draw_rate,
     expected_rate,
     expected_rates,
@@ -405,6 +407,30 @@ class _Weighing:
         return finishing
 
 
+class _SiteSummary:
+    """What the bandit reads from all of a site's sums, kept as the runs change them (:class:`SiteMax`: the nodes
+    that changed only, not every node that ever ran the site): the prior's best share and best pace
+    (:meth:`BanditAllocation._prior`, the same numbers) and the site's latest change point."""
+
+    __slots__ = ("share", "sure", "paced", "cp")
+
+    def __init__(self) -> None:
+        self.share = SiteMax(lambda nid, s: (s.got + 0.5) / (s.pages + 1.0))
+        self.sure = SiteMax(lambda nid, s: s.pace if s.pages - s.xp >= PRIOR_WEIGHT else None)
+        self.paced = SiteMax(lambda nid, s: s.pace)
+        self.cp = SiteMax(lambda nid, s: s.cp)
+
+    def prior(self, sums: Mapping[str, Sums]) -> tuple[float, float]:
+        if not sums:
+            return 0.5, 1.0
+        share = self.share.value(sums)
+        pace = self.sure.value(sums)
+        if pace is None:
+            pace = self.paced.value(sums)
+        assert share is not None
+        return share, 1.0 if pace is None else pace
+
+
 class BanditAllocation(Allocation):
     def __init__(self, *, rate_floor: float = 0.6, patience: float = 30.0, explore_share: float = 0.2,
                  half_life: float = 30.0, explore_timeout: float = 60.0, recall_max: int = 5,
@@ -447,8 +473,7 @@ class BanditAllocation(Allocation):
         self._cache: dict[int, tuple[Sums, float, float, float, Posterior]] = {}
         # (product, site) -> (prior share, prior pace, node -> (sums, pace sums, expected rate)): _product_rates
         self._product: dict[tuple[str, str], tuple[float, float, dict[str, tuple[Sums, Sums, float]]]] = {}
-        # id(a site's sums mapping) -> (the mapping, its last change point), for exploration (see allocate)
-        self._changes: dict[int, tuple[Mapping[str, Sums], float]] = {}
+        self._summaries: dict[str, _SiteSummary] = {}  # site -> its prior and latest change point, kept (see _summary)
 
     @classmethod
     def from_crawler(cls, crawler: Any) -> BanditAllocation:
@@ -594,6 +619,14 @@ class BanditAllocation(Allocation):
             rise = self.hazard.change(was.t, new.t, parts) if fell else None
             self._unconfirmed[key] = (was.t, new.t, before, share, rise, parts)
 
+    def _summary(self, site: str) -> _SiteSummary:
+        summary = self._summaries.get(site)
+        if summary is None:
+            if len(self._summaries) > 65536:  # sites no longer seen: start over
+                self._summaries.clear()
+            summary = self._summaries[site] = _SiteSummary()
+        return summary
+
     def _ranking(self, site: str, sums: Mapping[str, Sums], now: float, typed: _Typed,
                  previous: _Ranking | None) -> _Ranking:
         """The site's nodes of one type ranked by expected rate (the ranking's ``c``; seconds per page 1), with
@@ -601,16 +634,20 @@ class BanditAllocation(Allocation):
         its age (:data:`EXPLOIT`), so a ranking changes only with the sums: it is kept until they do.
 
         From ``previous`` (the same nodes, older sums): if the prior did not move, only the nodes whose sums
-        changed are rated again; else every node."""
-        if previous is not None and previous.data[0] is sums:
-            theta0, rho0 = previous.data[1:3]
-        else:
-            theta0, rho0 = self._prior(sums)
+        changed are rated again; else every node. The nodes that changed come from the sums mapping when it
+        tells them (:class:`SiteSums`), the prior from the site's summary (:class:`_SiteSummary`)."""
+        theta0, rho0 = self._summary(site).prior(sums)
         index = typed.index
         self._pairs[site] = len(sums)
+        gone: Iterable[str] = ()
         if previous is not None:
             old = previous.data[0]
-            changed = {nid: new for nid, new in sums.items() if old.get(nid) is not new and nid in index}
+            names = changed_since(sums, old)
+            if names is None:  # an older mapping, or one that does not tell: compare them all
+                names = {nid for nid, new in sums.items() if old.get(nid) is not new}
+                names.update(old.keys() - sums.keys())
+            changed = {nid: new for nid in names if (new := sums.get(nid)) is not None and nid in index}
+            gone = [nid for nid in names if nid not in sums]
             for nid, new in changed.items():  # the evidence of how often pairs change (effective_half_life)
                 was = old.get(nid)
                 if was is not None and new.t > was.t:
@@ -619,7 +656,9 @@ class BanditAllocation(Allocation):
                     self._watch(site, nid, was, new)
         by_rate = None
         if previous is not None and previous.data[1:3] == (theta0, rho0):
-            c = {nid: r for nid, r in previous.c.items() if nid in sums}
+            c = previous.c.copy()
+            for nid in gone:
+                c.pop(nid, None)
             fresh = expected_rates(changed, now=now, half_life=EXPLOIT, theta0=theta0, rho0=rho0)
             if len(c) == len(previous.c) and len(fresh) <= RERANK:
                 # A few nodes re-rated: move their rows (the same rows _Ranking sorts: spp 1) instead of sorting
@@ -643,8 +682,6 @@ class BanditAllocation(Allocation):
                  now: float) -> list[tuple[Subtask, str]]:
         if len(self._cache) > 65536:  # entries of sums replaced since: drop them all now and then
             self._cache.clear()
-        if len(self._changes) > 65536:
-            self._changes.clear()
         free = {n.id: max(0, n.free) for n in nodes}
         if not any(free.values()) or not subtasks:
             return []
@@ -718,7 +755,6 @@ class BanditAllocation(Allocation):
         in_flight = self._in_flight
         half_life = self.effective_half_life
         hazard = self.hazard
-        changes = self._changes
 
         doing = self._doing
         queued = {n.id: n.queued for n in nodes}
@@ -728,14 +764,11 @@ class BanditAllocation(Allocation):
             d = doing.get(nid)
             return d[0] if d is not None and now - d[1] < PROBE_AGE else 0.0
 
-        def site_change(sums: Mapping[str, Sums]) -> float:
+        def site_change(site: str, sums: Mapping[str, Sums]) -> float:
             """The time of the last change point of any pair of the site with these sums: a site that starts
             treating one node differently may have changed for the others too, so their older evidence is not
-            trusted to explore. Kept per sums mapping (replaced on every run: copy on write)."""
-            hit = changes.get(id(sums))
-            if hit is None or hit[0] is not sums:
-                hit = changes[id(sums)] = (sums, max((s_.cp for s_ in sums.values()), default=0.0))
-            return hit[1]
+            trusted to explore. Kept per site as its runs report (_SiteSummary)."""
+            return self._summary(site).cp.value(sums) or 0.0
 
         assert self.credit is not None
         drawn: set[str] = set()  # the sites a subtask of which was drawn for in this call
@@ -782,7 +815,7 @@ class BanditAllocation(Allocation):
                         explore.append((1, -draw / best, order, bool(queued.get(nid)), st, nid, False,
                                         min(1.0, own(nid) / top) if top > 0 else 1.0, PROBE_PAGES))
                     continue
-                elif s is not None and s.t < site_change(sums):
+                elif s is not None and s.t < site_change(st.site, sums):
                     s = None  # tried before the site changed how it treats some node: as good as untried
                 elif s is not None:
                     lost = hazard.cumulative(s.t, now)  # expected changes since it was last seen

@@ -26,13 +26,14 @@ so that the node returns to that work (docs/strategies.md).
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any
 
 from ..config import config_for
 from ..models import Report
 from . import Estimates, Modification
-from .posterior import share_bound
+from .posterior import SiteMax, Sums, share_bound
 
 
 class FixedModification(Modification):
@@ -100,16 +101,24 @@ class RelativeModification(DynamicModification):
     """The paper's rule on the node's completion relative to the best on the site (the module doc).
 
     The best is read from the nodes with sums on the site (``site_sums``, the
-    :class:`~scheduler_ext.strategies.EstimateSums` protocol), once per version of the site's sums mapping (a new
-    mapping whenever a run changes it); estimates without sums give the paper's rule.
+    :class:`~scheduler_ext.strategies.EstimateSums` protocol) as their runs report: kept per site and updated
+    from the nodes whose sums changed (:class:`~scheduler_ext.strategies.posterior.SiteMax`); estimates without
+    sums give the paper's rule.
     """
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self._best: dict[str, tuple[Any, float]] = {}  # site -> (the sums mapping it was read from, best completion)
+        self._best: dict[str, SiteMax] = {}  # site -> the best completion of a node with sums there
+        self._estimates: Estimates | None = None  # the estimates of the report being read
         # node -> site -> (the share it is surely served there, when its last run there ended), from its reports
         self._seen: dict[str, dict[str, tuple[float, float]]] = {}
         self.horizon = 4 * self.budget  # twice the recall threshold: how long a node's other work counts
+
+    def _node_completion(self, site: str, node: str, sums: Sums) -> float | None:
+        """A node's completion on a site (it changes with the node's sums: the same run writes both)."""
+        assert self._estimates is not None
+        e = self._estimates.completion(site, node)
+        return None if e is None else e.value
 
     def _completion(self, completion: float | None, report: Report, estimates: Estimates) -> float | None:
         get = getattr(estimates, "site_sums", None)
@@ -117,14 +126,12 @@ class RelativeModification(DynamicModification):
             return completion
         site, node, now = report.subtask.site, report.node, report.ended
         sums = get(site)
-        hit = self._best.get(site)
-        if hit is None or hit[0] is not sums:
-            best = 0.0
-            for other in sums:
-                e = estimates.completion(site, other)
-                if e is not None and e.value > best:
-                    best = e.value
-            hit = self._best[site] = (sums, best)
+        top = self._best.get(site)
+        if top is None:
+            if len(self._best) > 65536:  # sites no longer seen: start over
+                self._best.clear()
+            top = self._best[site] = SiteMax(functools.partial(self._node_completion, site))
+        self._estimates = estimates
         if node not in self._seen and len(self._seen) >= 65536:
             self._seen.clear()  # nodes that came and went: start over (a node's next report refills its own)
         seen = self._seen.setdefault(node, {})
@@ -132,5 +139,5 @@ class RelativeModification(DynamicModification):
         if mine is not None:
             seen[site] = (share_bound(mine), now)
         elsewhere = max((c for s, (c, t) in seen.items() if s != site and now - t <= self.horizon), default=0.0)
-        best = max(hit[1], elsewhere, completion)
+        best = max(top.value(sums) or 0.0, elsewhere, completion)
         return completion / best if best > 0 else completion

@@ -43,6 +43,7 @@ the pace ``rho`` (pages attempted per second of node time), with a weak prior of
 
 from __future__ import annotations
 
+import heapq
 import math
 import random
 from collections.abc import Mapping
@@ -353,3 +354,97 @@ def discount(age: float, half_life: float) -> float:
     if half_life <= 0 or age <= 0:
         return 1.0
     return math.pow(2.0, -age / half_life)
+
+
+class SiteSums(dict[str, Sums]):
+    """A site's sums, node -> :class:`Sums`, that knows what changed since the mapping it replaced.
+
+    The estimates replace a site's mapping when runs change it (copy on write: :meth:`successor`, then
+    :meth:`put`), which is how a reader knows to look again; ``base`` (the mapping replaced) and ``changed`` (the
+    nodes put since) let a reader that saw ``base`` look at the changed nodes only (:func:`changed_since`), so that
+    what a tick costs follows the runs that reported, not every node that ever ran the site. One step of history
+    is kept: a mapping drops its own ``base`` when it is replaced.
+    """
+
+    __slots__ = ("base", "changed")
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        self.base: SiteSums | None = None
+        self.changed: set[str] = set()
+
+    def successor(self) -> SiteSums:
+        """A copy to put the next runs' sums into, whose ``base`` is this mapping."""
+        new = SiteSums(self)
+        new.base, self.base = self, None
+        return new
+
+    def put(self, node: str, sums: Sums | None) -> None:
+        """``node``'s sums now (None: gone)."""
+        if sums is None:
+            self.pop(node, None)
+        else:
+            self[node] = sums
+        self.changed.add(node)
+
+
+def changed_since(sums: Mapping[str, Sums], seen: Mapping[str, Sums] | None) -> set[str] | None:
+    """The nodes whose sums differ between ``seen`` and ``sums`` (removed ones included), when ``sums`` tells
+    (``seen`` is its base, or itself); None when only a scan of both would.
+
+    >>> a = SiteSums({"n1": Sums(n=1.0)}); b = a.successor(); b.put("n2", Sums(n=2.0))
+    >>> changed_since(b, a), changed_since(b, b), changed_since(b, {}), changed_since({}, a)
+    ({'n2'}, set(), None, None)
+    """
+    if seen is sums:
+        return set()
+    if isinstance(sums, SiteSums) and seen is not None and sums.base is seen:
+        return sums.changed
+    return None
+
+
+class SiteMax:
+    """The largest ``key(node, sums)`` over a site's sums (None keys left out), kept as the mapping is replaced:
+    from the nodes that changed when the mapping tells them (:func:`changed_since`), else by a scan. A heap whose
+    rows of sums replaced since are dropped when they reach the top, so a value costs O(log n) per change instead of
+    O(n) per mapping: a site that a thousand nodes ran is not scanned every tick because a few of them reported.
+
+    >>> m = SiteMax(lambda nid, s: s.n)
+    >>> a = SiteSums({"n1": Sums(n=1.0), "n2": Sums(n=5.0)}); m.value(a)
+    5.0
+    >>> b = a.successor(); b.put("n2", Sums(n=2.0)); m.value(b)  # the best fell: the next best surfaces
+    2.0
+    >>> c = b.successor(); c.put("n2", None); m.value(c), m.value({})
+    (1.0, None)
+    """
+
+    __slots__ = ("key", "_of", "_heap", "_seq")
+
+    def __init__(self, key: Any) -> None:
+        self.key = key
+        self._of: Mapping[str, Sums] | None = None
+        self._heap: list[tuple[float, int, str, Sums]] = []
+        self._seq = 0
+
+    def _row(self, nid: str, s: Sums) -> tuple[float, int, str, Sums] | None:
+        k = self.key(nid, s)
+        if k is None:
+            return None
+        self._seq += 1
+        return (-k, self._seq, nid, s)
+
+    def value(self, sums: Mapping[str, Sums]) -> float | None:
+        changed = changed_since(sums, self._of)
+        heap = self._heap
+        if changed is None or len(heap) > 2 * len(sums) + 64:  # unknown changes, or mostly stale rows: rebuild
+            heap = self._heap = [row for nid, s in sums.items() if (row := self._row(nid, s)) is not None]
+            heapq.heapify(heap)
+        else:
+            for nid in changed:
+                s = sums.get(nid)
+                if s is not None and (row := self._row(nid, s)) is not None:
+                    heapq.heappush(heap, row)
+        self._of = sums
+        while heap and sums.get(heap[0][2]) is not heap[0][3]:
+            heapq.heappop(heap)
+        return -heap[0][0] if heap else None
