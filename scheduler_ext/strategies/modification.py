@@ -138,6 +138,11 @@ class RelativeModification(DynamicModification):
         mine = sums.get(node)
         if mine is not None:
             seen[site] = (share_bound(mine), now)
-        elsewhere = max((c for s, (c, t) in seen.items() if s != site and now - t <= self.horizon), default=0.0)
+        elsewhere = 0.0
+        for other, (c, t) in list(seen.items()):
+            if now - t > 2 * self.horizon:  # long past the horizon: gone, so that a report costs the node's recent sites
+                del seen[other]
+            elif other != site and now - t <= self.horizon and c > elsewhere:
+                elsewhere = c
         best = max(top.value(sums) or 0.0, elsewhere, completion)
         return completion / best if best > 0 else completion
