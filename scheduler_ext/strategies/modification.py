@@ -140,7 +140,7 @@ class RelativeModification(DynamicModification):
             seen[site] = (share_bound(mine), now)
         elsewhere = 0.0
         for other, (c, t) in list(seen.items()):
-            if now - t > 2 * self.horizon:  # long past the horizon: gone, so that a report costs the node's recent sites
+            if now - t > 2 * self.horizon:  # long past the horizon: gone (a report costs the node's recent sites)
                 del seen[other]
             elif other != site and now - t <= self.horizon and c > elsewhere:
                 elsewhere = c
