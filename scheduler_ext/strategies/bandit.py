@@ -646,7 +646,9 @@ class BanditAllocation(Allocation):
             if names is None:  # an older mapping, or one that does not tell: compare them all
                 names = {nid for nid, new in sums.items() if old.get(nid) is not new}
                 names.update(old.keys() - sums.keys())
-            changed = {nid: new for nid in names if (new := sums.get(nid)) is not None and nid in index}
+            # in node id order, whichever way they were found (a set's order follows the process's string hashing;
+            # the hazard's sums below follow this order)
+            changed = {nid: new for nid in sorted(names) if (new := sums.get(nid)) is not None and nid in index}
             gone = [nid for nid in names if nid not in sums]
             for nid, new in changed.items():  # the evidence of how often pairs change (effective_half_life)
                 was = old.get(nid)
