@@ -1378,6 +1378,10 @@ def test_a_sites_maxima_kept_from_the_nodes_that_changed_are_those_of_a_scan() -
                                     xp=rng.choice([0.0, pages]), cp=rng.choice([0.0, float(step)])))
         if rng.random() < 0.7:
             reads += 1
-            assert summary.prior(sums) == BanditAllocation._prior(sums), f"step {step}"
+            paced = [(s.pages - s.xp, s.pace) for s in sums.values() if s.pace is not None]
+            sure = [pace for pages, pace in paced if pages >= posterior_module.PRIOR_WEIGHT] or [p for _, p in paced]
+            scanned = (max((s.got + 0.5) / (s.pages + 1.0) for s in sums.values()), max(sure, default=1.0)) \
+                if sums else (0.5, 1.0)
+            assert summary.prior(sums) == scanned == BanditAllocation._prior(sums), f"step {step}"
             assert (summary.cp.value(sums) or 0.0) == max((s.cp for s in sums.values()), default=0.0)
     assert reads > 300

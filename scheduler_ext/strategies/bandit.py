@@ -410,7 +410,7 @@ class _Weighing:
 class _SiteSummary:
     """What the bandit reads from all of a site's sums, kept as the runs change them (:class:`SiteMax`: the nodes
     that changed only, not every node that ever ran the site): the prior's best share and best pace
-    (:meth:`BanditAllocation._prior`, the same numbers) and the site's latest change point."""
+    (:meth:`BanditAllocation._prior`) and the site's latest change point."""
 
     __slots__ = ("share", "sure", "paced", "cp")
 
@@ -520,11 +520,7 @@ class BanditAllocation(Allocation):
         so an untried or re-opened pair was drawn far below the site's best and a suited pair after its first
         3-page look was rated below the floor (the simulator's drift worlds: a pair that turned good used after
         18.7 s at the p90, 7.3 s with this prior)."""
-        if not sums:
-            return 0.5, 1.0
-        paced = [(s.pages - s.xp, pace) for s in sums.values() if (pace := s.pace) is not None]
-        sure = [pace for pages, pace in paced if pages >= PRIOR_WEIGHT] or [pace for _, pace in paced]
-        return max((s.got + 0.5) / (s.pages + 1.0) for s in sums.values()), max(sure, default=1.0)
+        return _SiteSummary().prior(sums)  # the allocation keeps one per site, updated as the runs report
 
     def _site_posteriors(self, sums: Mapping[str, Sums], now: float) -> tuple[dict[str, Posterior], Posterior]:
         """Node -> posterior on a site from the site's sums, and the prior of an untried node there."""
