@@ -1128,6 +1128,37 @@ def test_bandit_charges_an_exploration_what_its_node_forgoes() -> None:
     assert explorers("n3", EXPLORE_PAGES * share * 1.001)["n3"] >= 10
 
 
+def test_bandit_spends_its_budget_on_the_explorations_that_forgo_least_first() -> None:
+    # a.com's best ("good") is the window's best work; on b.com "b" is the best, "mid" collects half its rate,
+    # "low" a tenth (both below the floor: neither is given b.com's subtask). Neither ran a.com, so both draw
+    # above what they have. The budget holds exactly one exploration by "mid" (3 pages x what it forgoes, its
+    # rate over the window's best): spent on the best draw per page it costs, it buys "low"'s first (a fifth of
+    # the price), and what is left is not enough for "mid"'s. (Best draw first, "mid" took the budget whenever
+    # its draw was the higher: 24 of 40 seeds.)
+    fast, mid, low = (10, 100, 93, 0.5, True), (10, 100, 47, 0.5, True), (10, 100, 9, 0.5, True)
+    est = (SumsEstimates().runs("a.com", "good", *[(10, 100, 93, 0.2, True)] * 6).runs("b.com", "b", *[fast] * 6)
+           .runs("b.com", "mid", *[mid] * 6).runs("b.com", "low", *[low] * 6))
+    window = [st("s1"), st("s2"), st("b1", site="b.com")]
+
+    def rates(site: str) -> dict[str, float]:
+        sums = est.site_sums(site)
+        theta0, rho0 = BanditAllocation._prior(sums)
+        return posterior_module.expected_rates(sums, now=NOW, half_life=0, theta0=theta0, rho0=rho0)
+
+    b = rates("b.com")
+    top = max(rates("a.com")["good"], b["b"])
+    assert 0.4 < b["mid"] / b["b"] < 0.6 and 0 < b["low"] / b["b"] < 0.25
+    who: Counter[str] = Counter()
+    for seed in range(40):
+        strategy = BanditAllocation(explore_share=0, seed=seed)
+        strategy.credit = EXPLORE_PAGES * b["mid"] / top * 1.001
+        sent = strategy.allocate(window, [node("good", 0), node("b", 0), node("mid"), node("low")], est, NOW)
+        explorers = "".join(sorted(nid for s, nid in sent if s.site == "a.com"))
+        who[explorers] += 1
+    # "mid" explores only in the seeds where "low"'s draw did not beat what it has
+    assert who["low"] >= 30 and who["lowmid"] == 0, who
+
+
 def test_bandit_draws_twice_as_many_free_nodes_for_a_sites_first_subtask_in_a_call() -> None:
     import random
 

@@ -29,9 +29,9 @@ Per tick, over the window of waiting subtasks the control passes (priority order
 4. Explore: up to ``EXPLORE_SAMPLE`` free candidates are drawn; one whose Thompson draw is above the site's floor
    and beats every expected rate the node has on the window's sites (what it is given otherwise), and that step 3
    would not pick (unless the pair's only runs were blank), is an exploration (on a site no candidate has data on,
-   any draw: the prior's rate there says nothing). Explorations go first, best draw first, each costing its pages
-   of the budget times what its node forgoes (above); a site no candidate has data on needs no budget (there is
-   nothing to exploit). One exploration per pair is in flight at a time: until the
+   any draw: the prior's rate there says nothing). Explorations go first, the best draw per page of budget
+   first (:func:`_per_page`), each costing its pages of the budget times what its node forgoes (above); a site
+   no candidate has data on needs no budget (there is nothing to exploit). One exploration per pair is in flight at a time: until the
    pair's run reports blank, until a run of it reported :data:`EXPLORE_REST` seconds ago, or for the recall age
    (:meth:`BanditAllocation._in_flight`). A pair last run before the site's latest change of treatment (any
    node's ``Sums.cp``) is drawn from the prior, as untried;
@@ -46,7 +46,8 @@ Per tick, over the window of waiting subtasks the control passes (priority order
    queued probes at most once per :data:`PROBE_AGE` and per probe page earned (:data:`BUSY_PROBE_SHARE` of the
    pages it is given), outside the budget. A probe that collected half its page re-opens its pair at once
    (:meth:`BanditAllocation._watch`).
-5. Matching: explorations (of pairs never run first, then of re-opened pairs and probes, each best draw first),
+5. Matching: explorations (of pairs never run first, then of re-opened pairs and probes, each best draw per page
+   of budget first),
    then the exploit pairs as the dynamic allocation matches them (aged subtasks first,
    then the highest expected rate, then priority), first onto idle nodes (nothing held at their last heartbeat,
    nothing queued), then onto nodes with fewer than :data:`AHEAD` queued, then onto any free slot
@@ -84,7 +85,6 @@ import bisect
 import functools
 import heapq
 import math
-import operator
 import random
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
@@ -429,6 +429,15 @@ class _SiteSummary:
             pace = self.paced.value(sums)
         assert share is not None
         return share, 1.0 if pace is None else pace
+
+
+def _per_page(entry: tuple[int, float, int, bool, Subtask, str, bool, float, int]) -> tuple[int, float, int]:
+    """The order explorations are sent in: pairs never run first, then the others (re-opened pairs, probes); in
+    each, the highest draw (over the site's best) per page of budget it costs first (what its node forgoes: nothing
+    for one outside the budget), then priority. Where the budget binds, it buys the explorations that promise most
+    for what they cost: those of nodes with nothing good to do first (docs/strategies.md, step 6)."""
+    kind, minus_draw, order, needed, *_, forgone, _ = entry  # minus_draw: -draw / best (-inf: nobody known)
+    return kind, minus_draw / (1e-9 if needed else max(forgone, 1e-9)), order
 
 
 class BanditAllocation(Allocation):
@@ -1120,13 +1129,12 @@ class BanditAllocation(Allocation):
                classes: Iterable[_Class], free: dict[str, int], now: float, cluster: int,
                queued: Mapping[str, int], held: Mapping[str, int],
                ) -> tuple[list[tuple[Subtask, str]], list[tuple[Subtask, str]]]:
-        """The explorations and probes (``explore``: pairs never run first, then the others, each best draw first),
-        then the exploit matching: (explored, exploited)."""
+        """The explorations and probes (``explore``, in :func:`_per_page`'s order), then the exploit matching:
+        (explored, exploited)."""
         assigned: set[str] = set()
         result: list[tuple[Subtask, str]] = []
         assert self.credit is not None
-        # pairs never run first, then the others (re-opened, probes), each highest draw / best first, then priority
-        explore.sort(key=operator.itemgetter(0, 1, 2))
+        explore.sort(key=_per_page)
         for _, _, _, needed, st, nid, stale, forgone, probe in explore:
             if st.id in assigned or free.get(nid, 0) <= 0 or self._in_flight((st.site, nid), now):
                 continue
