@@ -28,7 +28,8 @@ Per tick, over the window of waiting subtasks the control passes (priority order
    (late binding, as in the paper's strategy); after ``SCHEDEXT_PATIENCE`` seconds of waiting, any candidate.
 4. Explore: up to ``EXPLORE_SAMPLE`` free candidates are drawn; one whose Thompson draw is above the site's floor
    and beats every expected rate the node has on the window's sites (what it is given otherwise), and that step 3
-   would not pick (unless the pair's only runs were blank), is an exploration (on a site no candidate has data on,
+   would not pick (unless the pair's only runs were blank, or it is passed over: eligible, but below the floor of
+   what its node has, so that its evidence is never renewed), is an exploration (on a site no candidate has data on,
    any draw: the prior's rate there says nothing). Explorations go first, the best draw per page of budget
    first (:func:`_per_page`), each costing its pages of the budget times what its node forgoes (above); a site
    no candidate has data on needs no budget (there is nothing to exploit). One exploration per pair is in flight at a time: until the
@@ -800,16 +801,23 @@ class BanditAllocation(Allocation):
                     continue  # avoided (or too slow: never for the bandit)
                 else:
                     known = site_rates.get(nid)
+                passed_over = False
                 if known is not None and known >= floor and known > 0:
                     s = sums.get(nid)
                     if s is None or s.xp < s.pages:
-                        continue  # exploiting it would do (unless its only runs were blank: drawn as untried)
+                        if s is None or known >= self.rate_floor * own(nid):
+                            continue  # exploiting it would do (unless its only runs were blank: drawn as untried)
+                        # Eligible here, but its node has work better by far (its rate here is below the floor of
+                        # what it has): it is never given this site's work, so its runs here never renew the
+                        # evidence. Drawn from its fading posterior like a pair below the site's floor (not probed:
+                        # a busy node's probes are for the pairs nobody would give it).
+                        passed_over = True
                 if in_flight((st.site, nid), now):
                     continue  # it is being explored
                 s = seen = sums.get(nid)  # s: the evidence drawn from (None: the prior)
                 if s is not None and (st.site, nid) in self._reopened:
                     s = None  # its probe collected: as good as untried
-                elif s is not None and now - s.t >= PROBE_AGE and best > 0 and (
+                elif not passed_over and s is not None and now - s.t >= PROBE_AGE and best > 0 and (
                         not queued.get(nid) or self._busy_probe_due(nid, now)):
                     # Not run for PROBE_AGE seconds: drawn as untried; a draw that beats what the node has (in the
                     # window, or was given lately) is a probe of PROBE_PAGES, which tells whether it turned good.
