@@ -805,12 +805,12 @@ class BanditAllocation(Allocation):
                 if known is not None and known >= floor and known > 0:
                     s = sums.get(nid)
                     if s is None or s.xp < s.pages:
-                        if s is None or known >= self.rate_floor * own(nid):
+                        if s is None or known >= self.rate_floor * own(nid) or now - s.t < PROBE_AGE:
                             continue  # exploiting it would do (unless its only runs were blank: drawn as untried)
                         # Eligible here, but its node has work better by far (its rate here is below the floor of
-                        # what it has): it is never given this site's work, so its runs here never renew the
-                        # evidence. Drawn from its fading posterior like a pair below the site's floor (not probed:
-                        # a busy node's probes are for the pairs nobody would give it).
+                        # what it has): it is seldom given this site's work, so nothing renews the evidence. Once
+                        # not run for PROBE_AGE, drawn from its fading posterior like a pair below the site's floor
+                        # (not probed: a busy node's probes are for the pairs nobody would give it).
                         passed_over = True
                 if in_flight((st.site, nid), now):
                     continue  # it is being explored
