@@ -29,8 +29,8 @@ Per tick, over the window of waiting subtasks the control passes (priority order
 4. Explore: up to ``EXPLORE_SAMPLE`` free candidates are drawn; one whose Thompson draw is above the site's floor
    and beats every expected rate the node has on the window's sites (what it is given otherwise), and that step 3
    would not pick (unless the pair's only runs were blank, or it is passed over: eligible, but below the floor of
-   what its node has, so that its evidence is never renewed), is an exploration (on a site no candidate has data on,
-   any draw: the prior's rate there says nothing). Explorations go first, the best draw per page of budget
+   what its node has, so that nothing renews its evidence, and not run for :data:`PROBE_AGE`), is an exploration
+   (on a site no candidate has data on, any draw: the prior's rate there says nothing). Explorations go first, the best draw per page of budget
    first (:func:`_per_page`), each costing its pages of the budget times what its node forgoes (above); a site
    no candidate has data on needs no budget (there is nothing to exploit). One exploration per pair is in flight
    at a time: until the pair's run reports blank, until a run of it reported :data:`EXPLORE_REST` seconds ago,
@@ -436,7 +436,7 @@ def _per_page(entry: tuple[int, float, int, bool, Subtask, str, bool, float, int
     """The order explorations are sent in: pairs never run first, then the others (re-opened pairs, probes); in
     each, the highest draw (over the site's best) per page of budget it costs first (what its node forgoes: nothing
     for one outside the budget), then priority. Where the budget binds, it buys the explorations that promise most
-    for what they cost: those of nodes with nothing good to do first (docs/strategies.md, step 6)."""
+    for what they cost: those of nodes with nothing good to do first (docs/strategies.md, steps 5 and 6)."""
     kind, minus_draw, order, needed, *_, forgone, _ = entry  # minus_draw: -draw / best (-inf: nobody known)
     return kind, minus_draw / (1e-9 if needed else max(forgone, 1e-9)), order
 
