@@ -129,7 +129,7 @@ def explorations_of_stale_pair(burst: bool, credit: float = 1.0) -> int:
     sent = 0
     for t in range(100, 120):
         strategy.credit = credit
-        # Explorations only: "stale" has work waiting in its queue, so it also probes once per PROBE_AGE (one-page
+        # Explorations only: "stale" has work waiting in its queue, so it also probes as it earns probes (one-page
         # looks, tested in test_strategies.py, not counted); what re-opens its evidence for these is the change hazard
         result = strategy.allocate([subtask(f"s{t}", float(t))], [NodeView(id="good", types=[0], free=0),
                                                                     NodeView(id="stale", types=[0], free=1, queued=1)],

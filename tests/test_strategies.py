@@ -849,9 +849,8 @@ def test_bandit_a_node_with_work_queued_probes_now_and_then_outside_the_budget(q
     # n2 crawls b.com and was measured bad on a.com and c.com a minute ago, where n1 (busy) is good. A node whose
     # crawl queue never empties must still look at its stale pairs now and then (the four-node profile of
     # test_sim: before, its pair that turned good waited for the queue to empty), but not at every tick: once per
-    # PROBE_AGE, and once per 1 / BUSY_PROBE_SHARE pages it is given (a slow node's pages are few), outside the
-    # exploration budget (the re-opened pairs' budget). With nothing queued, a node probes on the budget, and
-    # there is none here.
+    # 1 / BUSY_PROBE_SHARE pages it is given (a slow node's pages are few), outside the exploration budget (the
+    # re-opened pairs' budget). With nothing queued, a node probes on the budget, and there is none here.
     est = (SumsEstimates().runs("a.com", "n1", GOOD, GOOD, GOOD).runs("c.com", "n1", GOOD, GOOD, GOOD)
            .runs("a.com", "n2", BAD, BAD, BAD, BAD, at=NOW - 60).runs("c.com", "n2", BAD, BAD, BAD, BAD, at=NOW - 60)
            .runs("b.com", "n2", GOOD, GOOD, GOOD))
@@ -869,15 +868,19 @@ def test_bandit_a_node_with_work_queued_probes_now_and_then_outside_the_budget(q
                 given += s.page_limit
             else:
                 assert s.page_limit == bandit_module.PROBE_PAGES, s
-                probes.append((now, s.site))
+                probes.append((given, s.site))
     assert strategy.probed == len(probes)
     if not queued:
         assert probes == []
         return
-    assert all(b[0] - a[0] >= bandit_module.PROBE_AGE for a, b in zip(probes, probes[1:], strict=False)), probes
-    if own_work:  # given far more than 1 / BUSY_PROBE_SHARE pages in 30 s: a probe every PROBE_AGE
-        assert given * bandit_module.BUSY_PROBE_SHARE > 3 and len(probes) >= 2, (given, probes)
-        assert {site for _, site in probes} == {"a.com", "c.com"}, probes
+    per_probe = 1 / bandit_module.BUSY_PROBE_SHARE  # pages given, before the first probe and between two
+    assert all(b[0] - a[0] >= per_probe for a, b in zip([(0, "")] + probes, probes, strict=False)), probes
+    if own_work:  # given 40 pages a tick, far more than 1 / BUSY_PROBE_SHARE pages in 30 s
+        assert given >= 10 * per_probe, given
+        # each stale pair once (then it is in flight: nothing reports here), the second as soon as it is earned,
+        # not held back by a clock (once per PROBE_AGE until 2026-12-05: 800 pages later)
+        assert {site for _, site in probes} == {"a.com", "c.com"} and len(probes) == 2, probes
+        assert probes[1][0] - probes[0][0] <= 2 * per_probe, probes
     else:  # given nothing: it earned no probe
         assert probes == [], probes
 

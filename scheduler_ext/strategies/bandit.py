@@ -43,9 +43,9 @@ Per tick, over the window of waiting subtasks the control passes (priority order
    confirmed change, as many explorations as the changes it stands for among the cluster's pairs
    (:meth:`ChangeHazard.change`). A pair not run for :data:`PROBE_AGE` seconds is drawn as untried, and a draw that
    beats what its node has (in the window, or was given lately) sends a probe of :data:`PROBE_PAGES` page instead: a
-   pair nobody runs can turn good with nothing to show it. A node with work queued probes at most once per
-   :data:`PROBE_AGE` and per probe page earned (:data:`BUSY_PROBE_SHARE` of the pages it is given), outside the
-   budget. A probe that collected half its page re-opens its pair at once (:meth:`BanditAllocation._watch`).
+   pair nobody runs can turn good with nothing to show it. A node with work queued probes once per probe page
+   earned (:data:`BUSY_PROBE_SHARE` of the pages it is given), outside the budget. A probe that collected half its
+   page re-opens its pair at once (:meth:`BanditAllocation._watch`).
 5. Matching: explorations (of pairs never run first, then of re-opened pairs and probes, each best draw per page
    of budget first),
    then the exploit pairs as the dynamic allocation matches them (aged subtasks first,
@@ -139,13 +139,16 @@ EXPLORE_REST = 6.0
 #: Seconds after its last run that a pair which could change its node's work is probed (:meth:`BanditAllocation.
 #: allocate`): a pair nobody runs may turn good with nothing in the cluster to show it (no pair that runs changes),
 #: and only a look at it can tell. Such a pair is looked at about this often: a pair that turns good is run within
-#: about this many seconds and a run, under the 15 s the issue asks (docs/strategies.md, "Probes"). Also the
-#: least time between two probes of a node with work queued (whose queue may never empty).
+#: about this many seconds and a run, under the 15 s the issue asks (docs/strategies.md, "Probes").
 PROBE_AGE = 10.0
-#: Pages a node with work queued earns towards its next probe for each page it is given (from none): a probe every
-#: 200 pages at most, besides once per :data:`PROBE_AGE`. At the paper's pace the clock binds; at a polite pace (a
-#: page every 2 s) a probe every 10 s would be a fifth of a node's pages (docs/experiment.md, "Probes from busy
-#: nodes": the 1,000-node polite run lost 2.5 to 3.2 % of its items to them).
+#: Pages a node with work queued (whose queue may never empty) earns towards its next probe for each page it is
+#: given (from none): a probe every 200 pages, a two-hundredth of its pages, whatever its pace. At the paper's pace
+#: that is a probe every few seconds, so that each of a node's few stale pairs is looked at about every
+#: :data:`PROBE_AGE`; a clock of its own (a probe per node every 10 s, until 2026-12-05) let a pair that turned good
+#: just after its last look wait for the node's next probe, and the one after when another pair's draw won it (up
+#: to 18 s; docs/experiment.md, "A busy node's probes by the pages it is given"). At a polite pace (a page every
+#: 2 s) a probe every 400 s (a clock of 10 s was a fifth of a node's pages there: the 1,000-node polite run lost 2.5
+#: to 3.2 % of its items to them).
 BUSY_PROBE_SHARE = 0.005
 #: Pages a probe crawls: one page tells a pair that serves most of its results (0.8 to 0.97 of a page, in a tenth
 #: of a second) from one that serves a fifth in half a second or fails, and costs a third of an exploration.
@@ -473,7 +476,6 @@ class BanditAllocation(Allocation):
         self.explored = 0  # explorations sent (for stats and tests)
         self.probed = 0  # probes sent (for stats and tests)
         self._probes: dict[tuple[str, str], float] = {}  # (site, node) -> when its probe was sent
-        self._busy_probed: dict[str, float] = {}  # node -> when it last probed with work queued
         self._probe_credit: dict[str, float] = {}  # node -> pages earned towards its next probe with work queued
         self._reopened: set[tuple[str, str]] = set()  # pairs whose probe collected: drawn as untried (see _watch)
         self._doing: dict[str, tuple[float, float]] = {}  # node -> (the best rate it was given lately, when)
@@ -817,13 +819,13 @@ class BanditAllocation(Allocation):
                 if s is not None and (st.site, nid) in self._reopened:
                     s = None  # its probe collected: as good as untried
                 elif not passed_over and s is not None and now - s.t >= PROBE_AGE and best > 0 and (
-                        not queued.get(nid) or self._busy_probe_due(nid, now)):
+                        not queued.get(nid) or self._busy_probe_due(nid)):
                     # Not run for PROBE_AGE seconds: drawn as untried; a draw that beats what the node has (in the
                     # window, or was given lately) is a probe of PROBE_PAGES, which tells whether it turned good.
                     # A node with nothing waiting in its queue probes on the budget (the page takes a slot that
                     # would wait for work); a node with work queued, whose queue may never empty, once per
-                    # PROBE_AGE and per 1 / BUSY_PROBE_SHARE pages it is given at most, outside the budget
-                    # (``needed``: the budget is the re-opened pairs')
+                    # 1 / BUSY_PROBE_SHARE pages it is given, outside the budget (``needed``: the budget is the
+                    # re-opened pairs')
                     draw = prior.sample(self.rng)
                     if draw > self.rate_floor * best and draw > max(own(nid), busy_rate(nid)):
                         explore.append((1, -draw / best, order, bool(queued.get(nid)), st, nid, False,
@@ -1146,7 +1148,7 @@ class BanditAllocation(Allocation):
             if st.id in assigned or free.get(nid, 0) <= 0 or self._in_flight((st.site, nid), now):
                 continue
             busy = bool(probe and queued.get(nid))
-            if busy and not self._busy_probe_due(nid, now):
+            if busy and not self._busy_probe_due(nid):
                 continue  # a node with work queued probed lately
             pages = min(st.page_limit, probe or self.explore_pages)
             if not needed:
@@ -1162,7 +1164,6 @@ class BanditAllocation(Allocation):
                     self._probes.clear()
                 self._probes[(st.site, nid)] = now
                 if busy:
-                    self._busy_probed[nid] = now
                     self._probe_credit[nid] = 0.0
                 self.probed += 1
             else:
@@ -1181,16 +1182,13 @@ class BanditAllocation(Allocation):
         self.credit = min(self.credit + self.explore_share * sum(st.page_limit for st, _ in exploited),
                           (1.0 + self.explore_share * cluster) * self.unit)
         earned = self._probe_credit
-        if len(earned) > 65536:  # nodes that came and went: start over (per node, as the clock)
+        if len(earned) > 65536:  # nodes that came and went: start over
             earned.clear()
-            self._busy_probed.clear()
         for st, nid in exploited:
             earned[nid] = min(float(PROBE_PAGES), earned.get(nid, 0.0) + BUSY_PROBE_SHARE * st.page_limit)
         return result, exploited
 
-    def _busy_probe_due(self, nid: str, now: float) -> bool:
-        """Whether a node with work queued may probe: none for :data:`PROBE_AGE` seconds, and a probe's pages
-        earned since its last, or since it was first given work (:data:`BUSY_PROBE_SHARE` of the pages it was
-        given)."""
-        return (now - self._busy_probed.get(nid, -math.inf) >= PROBE_AGE
-                and self._probe_credit.get(nid, 0.0) >= PROBE_PAGES - 1e-9)
+    def _busy_probe_due(self, nid: str) -> bool:
+        """Whether a node with work queued may probe: a probe's pages earned since its last, or since it was first
+        given work (:data:`BUSY_PROBE_SHARE` of the pages it was given)."""
+        return self._probe_credit.get(nid, 0.0) >= PROBE_PAGES - 1e-9
