@@ -43,7 +43,14 @@ NODE_KEYS = {"address", "label", "items", "moved_out", "moved_in", "modified", "
 
 @pytest.mark.parametrize(("args", "message"), [
     (["--strategies", "dynamic,fifo"], "unknown configuration 'fifo'; expected names from: dynamic, shared"),
-    (["--duration", "5"], "--duration: expected at least 20 seconds"),
+    (["--duration", "5"], "--duration: expected a number of seconds, at least 20"),
+    (["--sim", "--duration", "1e400"], "--duration: expected a number of seconds, at least 20 (shorter runs end "
+                                       "before the nodes have measured anything), got inf"),
+    # --set: each configuration's settings as its nodes and control read them, not once the run has started
+    (["--set", "SCHEDEXT_PAGE_LIMIT=abc"], "--set SCHEDEXT_PAGE_LIMIT: expected an integer >= 1, got 'abc'"),
+    (["--sim", "--set", "SCHEDEXT_ALLOCATION=nosuch.Thing"], "--set SCHEDEXT_ALLOCATION: cannot load strategy"),
+    (["--sim", "--set", "DOWNLOAD_DELAY=x"], "--set DOWNLOAD_DELAY: expected a number >= 0, got 'x'"),
+    (["--sim", "--set", "CONCURRENT_REQUESTS=0"], "--set CONCURRENT_REQUESTS: expected an integer >= 1, got 0"),
     (["--profile", "{bad}"], "default: missing required field"),
     (["--profile", "/nonexistent/profile.json"], "cannot read it"),
     (["--machine-seconds", "-1"], "--machine-seconds: expected 0 (the recorded figures) .. 120 seconds"),
@@ -67,8 +74,14 @@ def test_bad_input_is_refused_before_anything_starts(args: list[str], message: s
 def test_make_options_validates_every_input() -> None:
     with pytest.raises(ExperimentError, match="expected at least one configuration"):
         make_options(strategies=" , ")
-    with pytest.raises(ExperimentError, match="expected at least 20 seconds"):
+    with pytest.raises(ExperimentError, match="expected a number of seconds, at least 20"):
         make_options(duration=float("nan"))
+    with pytest.raises(ExperimentError, match="RANDOMIZE_DOWNLOAD_DELAY: expected true or false, got 'maybe'"):
+        make_options(overrides={"RANDOMIZE_DOWNLOAD_DELAY": "maybe"})
+    with pytest.raises(ExperimentError, match="DOWNLOAD_DELAY: expected a number >= 0, got nan"):
+        make_options(overrides={"DOWNLOAD_DELAY": float("nan")})
+    with pytest.raises(ExperimentError, match="--set SCHEDEXT_TICK_INTERVAL: expected a number > 0"):
+        make_options(strategies="shared", overrides={"SCHEDEXT_TICK_INTERVAL": 0})
     with pytest.raises(ExperimentError, match="--nodes: expected at least 1 node"):
         make_options(nodes=0)
     opts = make_options(profile=str(DUEL), duration=30, strategies="shared", ablations=True)

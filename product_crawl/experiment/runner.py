@@ -16,6 +16,7 @@ from __future__ import annotations
 import ipaddress
 import json
 import logging
+import math
 import sys
 import time
 import urllib.error
@@ -242,9 +243,10 @@ def make_options(*, profile: str = "paper", duration: float = 90.0, strategies: 
     ``sample_interval`` defaults to 3 s, or to 1/100 of a longer simulated run (``duration / 100``);
     ``machine_seconds`` to :data:`MACHINE_SECONDS` for a real run (the simulator shares no machine)."""
     configurations = parse_configurations(strategies, ablations)
-    if not duration >= MIN_DURATION:  # also refuses NaN
-        raise ExperimentError(f"--duration: expected at least {MIN_DURATION:.0f} seconds (shorter runs end before "
-                              f"the nodes have measured anything), got {duration:g}")
+    if not MIN_DURATION <= duration < math.inf:  # also refuses NaN
+        raise ExperimentError(f"--duration: expected a number of seconds, at least {MIN_DURATION:.0f} (shorter runs "
+                              f"end before the nodes have measured anything), got {duration:g}")
+    check_overrides(configurations, overrides or {})
     if products is not None and (not sim or not 1 <= products <= MAX_SIM_PRODUCTS):
         raise ExperimentError(f"--products: expected 1 .. {MAX_SIM_PRODUCTS} products with --sim (a real run "
                               f"searches the paper's four), got {products}{'' if sim else ' without --sim'}")
@@ -275,6 +277,41 @@ def make_options(*, profile: str = "paper", duration: float = 90.0, strategies: 
                    database=database, sim=sim, repeat=repeat,
                    products=PRODUCTS if products is None else products_for(products),
                    machine_seconds=float(machine_seconds))
+
+
+#: The Scrapy settings a configuration's nodes (and the simulated nodes) read as numbers: name -> (kind, least).
+NODE_SETTINGS: dict[str, tuple[type, float]] = {"CONCURRENT_REQUESTS": (int, 1), "CONCURRENT_REQUESTS_PER_DOMAIN": (int, 1),
+                                                "DOWNLOAD_DELAY": (float, 0.0)}
+
+
+def check_overrides(configurations: Sequence[str], overrides: dict[str, Any]) -> None:
+    """Every configuration's settings with ``overrides`` (``--set``) as its nodes and control would read them:
+    ExperimentError naming the setting if one is unusable (a run would otherwise fail once started)."""
+    from scrapy.settings import Settings
+
+    from scheduler_ext.config import Config
+    from scheduler_ext.exceptions import ConfigurationError
+    from scheduler_ext.strategies import check_strategy_settings
+
+    for name, (kind, least) in NODE_SETTINGS.items():
+        if name in overrides:
+            value = overrides[name]
+            ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) \
+                and value >= least and (kind is float or float(value).is_integer())
+            if not ok:
+                raise ExperimentError(f"--set {name}: expected {'an integer' if kind is int else 'a number'} >= "
+                                      f"{least:g}, got {value!r}")
+    for name in configurations:
+        settings = Settings({**CLUSTER_SETTINGS, **CONFIGURATIONS[name][1], **overrides})
+        try:
+            Config.from_settings(settings)
+            check_strategy_settings(settings)
+            settings.getbool("RANDOMIZE_DOWNLOAD_DELAY")
+        except ConfigurationError as exc:
+            raise ExperimentError(f"--set {exc}") from exc
+        except ValueError as exc:
+            raise ExperimentError(f"--set RANDOMIZE_DOWNLOAD_DELAY: expected true or false, got "
+                                  f"{overrides.get('RANDOMIZE_DOWNLOAD_DELAY')!r}") from exc
 
 
 def virtual_tasks(sites: Sequence[str]) -> list[dict[str, Any]]:
