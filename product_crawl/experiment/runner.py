@@ -280,8 +280,8 @@ def make_options(*, profile: str = "paper", duration: float = 90.0, strategies: 
 
 
 #: The Scrapy settings a configuration's nodes (and the simulated nodes) read as numbers: name -> (kind, least).
-NODE_SETTINGS: dict[str, tuple[type, float]] = {"CONCURRENT_REQUESTS": (int, 1), "CONCURRENT_REQUESTS_PER_DOMAIN": (int, 1),
-                                                "DOWNLOAD_DELAY": (float, 0.0)}
+NODE_SETTINGS: dict[str, tuple[type, float]] = {
+    "CONCURRENT_REQUESTS": (int, 1), "CONCURRENT_REQUESTS_PER_DOMAIN": (int, 1), "DOWNLOAD_DELAY": (float, 0.0)}
 
 
 def check_overrides(configurations: Sequence[str], overrides: dict[str, Any]) -> None:
