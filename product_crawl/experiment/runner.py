@@ -301,17 +301,19 @@ def check_overrides(configurations: Sequence[str], overrides: dict[str, Any]) ->
             if not ok:
                 raise ExperimentError(f"--set {name}: expected {'an integer' if kind is int else 'a number'} >= "
                                       f"{least:g}, got {value!r}")
+    if "RANDOMIZE_DOWNLOAD_DELAY" in overrides:
+        try:
+            Settings(overrides).getbool("RANDOMIZE_DOWNLOAD_DELAY")
+        except ValueError as exc:
+            raise ExperimentError(f"--set RANDOMIZE_DOWNLOAD_DELAY: expected true or false, got "
+                                  f"{overrides['RANDOMIZE_DOWNLOAD_DELAY']!r}") from exc
     for name in configurations:
         settings = Settings({**CLUSTER_SETTINGS, **CONFIGURATIONS[name][1], **overrides})
         try:
             Config.from_settings(settings)
             check_strategy_settings(settings)
-            settings.getbool("RANDOMIZE_DOWNLOAD_DELAY")
         except ConfigurationError as exc:
             raise ExperimentError(f"--set {exc}") from exc
-        except ValueError as exc:
-            raise ExperimentError(f"--set RANDOMIZE_DOWNLOAD_DELAY: expected true or false, got "
-                                  f"{overrides.get('RANDOMIZE_DOWNLOAD_DELAY')!r}") from exc
 
 
 def virtual_tasks(sites: Sequence[str]) -> list[dict[str, Any]]:
