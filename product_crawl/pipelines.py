@@ -25,7 +25,8 @@ and the node finishes a subtask only after its items are stored. A write error r
 ``item_error`` and its subtask fails (and is recalled): nothing is dropped silently. A MongoDB that cannot be
 reached (down, restarting, failing over) is not the subtask's fault: the batch is written again, with backoff, for
 up to ``PC_MONGO_OUTAGE`` seconds (upserts by ``_id`` make a repeated write harmless), so that an outage shorter than
-that costs a pause, not failed subtasks that would count towards the dead-letter list.
+that costs a pause, not failed subtasks that would count towards the dead-letter list. A node that starts while
+MongoDB does not answer starts all the same (its first batch waits the same way and makes the indexes).
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ from twisted.internet import defer, reactor, threads
 from w3lib.url import canonicalize_url
 
 from product_crawl.guard import DEFAULT_ITEM_FIELD_MAXLEN, ItemRefused, check_fields
+from product_crawl.services import mask_url
 
 logger = logging.getLogger(__name__)
 
@@ -89,6 +91,7 @@ class MongoPipeline:
         self._waiters: list[defer.Deferred[None]] = []
         self._timer: Any = None
         self._writing = 0  # bulk writes in flight
+        self._indexed = False  # the collection's indexes made (at the open, or with the first write that reached it)
 
     @classmethod
     def from_crawler(cls, crawler: Any) -> MongoPipeline:
@@ -102,10 +105,17 @@ class MongoPipeline:
                    crawler.stats)
 
     async def open_spider(self) -> None:
+        """Connects and makes the indexes. A MongoDB that does not answer yet is an outage like any other (the
+        node starts; its items wait for it as ``PC_MONGO_OUTAGE`` says, and the first write that reaches it makes
+        the indexes), not a node that fails to start."""
         ms = int(self.timeout * 1000)
         self.client = pymongo.MongoClient(self.uri, serverSelectionTimeoutMS=ms, socketTimeoutMS=ms, retryWrites=True)
         self.collection = self.client[self.database_name][self.collection_name]
-        await deferred_to_future(threads.deferToThread(self._create_indexes))
+        try:
+            await deferred_to_future(threads.deferToThread(self._create_indexes))
+        except ConnectionFailure as exc:
+            logger.error("MongoDB at %s does not answer (%s); items wait for it, each batch for up to %.0f s "
+                         "(PC_MONGO_OUTAGE)", mask_url(self.uri), exc, self.outage)
         logger.info("storing items in %s.%s", self.database_name, self.collection_name)
 
     def _create_indexes(self) -> None:
@@ -114,6 +124,7 @@ class MongoPipeline:
         # (fingerprint_range), and every index costs every insert (nx-27017: about a tenth of its CPU an item).
         self.collection.create_index([("product", 1), ("site", 1)], name="product_site")
         self.collection.create_index([("crawled_at", -1)], name="crawled_at")
+        self._indexed = True
 
     async def close_spider(self) -> None:
         if self._batch:
@@ -199,6 +210,8 @@ class MongoPipeline:
         Returns how many items were new."""
         docs = [doc for doc, _ in batch]
         try:
+            if not self._indexed:
+                self._create_indexes()
             self.collection.insert_many(docs, ordered=False)
             return len(docs)
         except BulkWriteError as exc:

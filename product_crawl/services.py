@@ -20,6 +20,7 @@ same way the command does, on free ports in a temporary folder.
 
 from __future__ import annotations
 
+import argparse
 import logging
 import os
 import re
@@ -164,6 +165,22 @@ def mongo_answers(uri: str, timeout: float = 1.5) -> bool:
         return False
     finally:
         client.close()
+
+
+def tcp_port(value: Any) -> int:
+    """``value`` as a TCP port to listen on (0 picks a free one); ArgumentTypeError (a ValueError's sibling that
+    argparse reports as it is) saying what was expected: an argparse ``type``, and a settings check.
+
+    >>> tcp_port("6802"), tcp_port(0)
+    (6802, 0)
+    """
+    try:
+        port = int(str(value).strip())
+    except ValueError:
+        port = -1
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"expected a TCP port 0 .. 65535 (0 picks a free one), got {value!r}")
+    return port
 
 
 def free_port(host: str = "127.0.0.1") -> int:

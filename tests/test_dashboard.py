@@ -258,6 +258,11 @@ def test_dashboard_command_refuses_default_credentials(scrapy_env: dict[str, str
     env = dict(scrapy_env, PC_DASHBOARD_USER="admin", PC_DASHBOARD_PASSWORD="admin")
     result = run_scrapy(["dashboard", "--port", "0"], env=env, timeout=60)
     assert result.returncode == 2 and "PC_DASHBOARD_" in result.stderr and "admin" in result.stderr
+    # a port that cannot be, from the command line or the settings: named before anything opens
+    result = run_scrapy(["dashboard", "--port", "70000"], env=scrapy_env, timeout=60)
+    assert result.returncode == 2 and "--port: expected a TCP port 0 .. 65535" in result.stderr, result.stderr
+    result = run_scrapy(["dashboard", "-s", "PC_DASHBOARD_PORT=-1"], env=scrapy_env, timeout=60)
+    assert result.returncode == 2 and "PC_DASHBOARD_PORT: expected a TCP port 0 .. 65535" in result.stderr
 
 
 def _wait(predicate: Any, timeout: float = 30.0) -> bool:

@@ -6,12 +6,14 @@ import asyncio
 import dataclasses
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pymongo
 import pytest_twisted
-from twisted.internet import defer
+from twisted.internet import defer, reactor
 
+from product_crawl import services
 from product_crawl.items import SearchResultItem
 from product_crawl.pipelines import MongoPipeline
 
@@ -132,3 +134,25 @@ async def test_a_urls_items_are_found_by_the_id_range_without_an_index_on_finger
     found = stored.find(fingerprint_range("http://good.example/1.html"))
     assert sorted(d["product"] for d in found) == ["光明高钙牛奶", "蒙牛纯牛奶"]
     assert [d["rank"] for d in stored.find(fingerprint_range("http://good.example/3.html"))] == [4]
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_node_started_while_mongodb_is_down_stores_its_items_once_it_is_up(tmp_path: Path) -> None:
+    # MongoDB not up yet when the node opens (a cluster started out of order, MongoDB restarting): the open must not
+    # fail the node; the first batch waits for MongoDB (PC_MONGO_OUTAGE), is stored once it answers, and makes the
+    # indexes then. Before, the open raised ServerSelectionTimeoutError and the node's crawl ended at its start.
+    port = services.free_port()
+    uri = f"mongodb://127.0.0.1:{port}"
+    pipeline = MongoPipeline(uri, "late", "items", timeout=0.5, outage=60.0)
+    await defer.Deferred.fromFuture(asyncio.ensure_future(pipeline.open_spider()))
+    reactor.callLater(2.0, lambda: started.append(services.start_mongo_server(port, tmp_path / "mongodb")))
+    started: list[Any] = []
+    try:
+        await process_all(pipeline, [item(i) for i in range(3)])
+        await defer.Deferred.fromFuture(asyncio.ensure_future(pipeline.close_spider()))
+        stored = pymongo.MongoClient(uri)["late"]["items"]
+        assert stored.count_documents({}) == 3
+        assert {("product", "site"), ("crawled_at",)} <= {tuple(ix["key"]) for ix in stored.list_indexes()}
+    finally:
+        for proc in started:
+            services.stop_pid(proc.pid)

@@ -246,6 +246,9 @@ def test_bad_profile_file_is_refused_by_both_launchers(tmp_path: Path):
         assert proc.returncode == 1, proc.stderr
         assert f"nodes.{NODE1}.sites.12315.com.share" in proc.stderr and str(bad) in proc.stderr
         assert proc.stdout == ""
+    for argv in ([sys.executable, "-m", "product_crawl.simweb"], [sys.executable, "-m", "scrapy", "simweb"]):
+        proc = subprocess.run([*argv, "--port", "99999"], cwd=PROJECT, capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 2 and "--port: expected a TCP port 0 .. 65535" in proc.stderr, proc.stderr
     not_json = tmp_path / "broken.json"
     not_json.write_text("{", encoding="utf-8")
     with pytest.raises(ProfileError, match="broken.json.*not valid JSON"):

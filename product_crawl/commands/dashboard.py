@@ -15,7 +15,7 @@ from product_crawl.commands._base import open_store, write_error, write_line
 from product_crawl.dashboard.auth import Auth, CredentialsError
 from product_crawl.dashboard.data import DashboardData
 from product_crawl.dashboard.server import LISTENING_PREFIX, Dashboard, is_loopback
-from product_crawl.services import DEFAULT_MONGO_URI
+from product_crawl.services import DEFAULT_MONGO_URI, tcp_port
 from scheduler_ext.defaults import setting_float, setting_int
 from scheduler_ext.history import History
 
@@ -34,14 +34,19 @@ class Command(ScrapyCommand):
         super().add_options(parser)
         parser.add_argument("--host", default=None, help="address to listen on (default PC_DASHBOARD_HOST, "
                                                           "127.0.0.1)")
-        parser.add_argument("--port", type=int, default=None, help="TCP port (default PC_DASHBOARD_PORT, 6802; "
+        parser.add_argument("--port", type=tcp_port, default=None, help="TCP port (default PC_DASHBOARD_PORT, 6802; "
                                                                    "0 picks a free one)")
 
     def run(self, args: list[str], opts: argparse.Namespace) -> None:
         assert self.settings is not None
         s = self.settings
         host = opts.host or s.get("PC_DASHBOARD_HOST") or "127.0.0.1"
-        port = opts.port if opts.port is not None else s.getint("PC_DASHBOARD_PORT", 6802)
+        try:
+            port = opts.port if opts.port is not None else tcp_port(s.get("PC_DASHBOARD_PORT", 6802))
+        except argparse.ArgumentTypeError as exc:
+            write_error(f"PC_DASHBOARD_PORT: {exc}")
+            self.exitcode = 2
+            return
         try:
             auth = Auth.from_settings(s)
         except CredentialsError as exc:

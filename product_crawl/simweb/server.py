@@ -46,6 +46,7 @@ from twisted.internet.interfaces import IListeningPort
 from twisted.web.resource import Resource
 from twisted.web.server import NOT_DONE_YET, Request, Site
 
+from product_crawl.services import tcp_port
 from product_crawl.simweb.corpus import Document, corpus_size, document, is_served, parse_query
 from product_crawl.simweb.profile import Behaviour, Profile, ProfileError, load_profile, normalize_address
 
@@ -499,7 +500,7 @@ def build_arg_parser(parser: argparse.ArgumentParser | None = None) -> argparse.
         metavar="paper|FILE",
         help="built-in profile or JSON file (default: paper)",
     )
-    parser.add_argument("--port", type=int, default=0, help="TCP port; 0 picks a free one (default: 0)")
+    parser.add_argument("--port", type=tcp_port, default=0, help="TCP port; 0 picks a free one (default: 0)")
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
     parser.add_argument("--seed", type=int, default=0, help="corpus and random seed (default: 0)")
     return parser
