@@ -264,6 +264,23 @@ def config_for(crawler: Any) -> Config:
     return config
 
 
+def check_number(name: str, value: Any, kind: type, *, low: float) -> Any:
+    """``value`` of setting ``name`` as ``kind``, finite and at least ``low``, checked as :class:`Config` checks its
+    own: ConfigurationError naming the setting. For settings that are not the project's (the Scrapy settings a
+    node paces by, given to ``scrapy experiment --set``).
+
+    >>> check_number("DOWNLOAD_DELAY", "1.5", float, low=0.0)
+    1.5
+    """
+    if value is None:
+        raise ConfigurationError(f"{name}: expected {'an integer' if kind is int else 'a number'} >= {low:g}, "
+                                 f"got None")
+    number = _number(None, name, kind, low=low, value=value)
+    if not math.isfinite(number):
+        raise ConfigurationError(f"{name}: expected a finite number >= {low:g}, got {value!r}")
+    return number
+
+
 #: Seconds of a node's pages that wait ready to download under a ``DOWNLOAD_DELAY`` (:func:`ready_pages`).
 READY_HORIZON = 1.0
 

@@ -289,31 +289,26 @@ def check_overrides(configurations: Sequence[str], overrides: dict[str, Any]) ->
     ExperimentError naming the setting if one is unusable (a run would otherwise fail once started)."""
     from scrapy.settings import Settings
 
-    from scheduler_ext.config import Config
+    from scheduler_ext.config import Config, check_number
     from scheduler_ext.exceptions import ConfigurationError
     from scheduler_ext.strategies import check_strategy_settings
 
-    for name, (kind, least) in NODE_SETTINGS.items():
-        if name in overrides:
-            value = overrides[name]
-            ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) \
-                and value >= least and (kind is float or float(value).is_integer())
-            if not ok:
-                raise ExperimentError(f"--set {name}: expected {'an integer' if kind is int else 'a number'} >= "
-                                      f"{least:g}, got {value!r}")
     if "RANDOMIZE_DOWNLOAD_DELAY" in overrides:
         try:
-            Settings(overrides).getbool("RANDOMIZE_DOWNLOAD_DELAY")
+            Settings(overrides).getbool("RANDOMIZE_DOWNLOAD_DELAY")  # as the nodes read it
         except ValueError as exc:
             raise ExperimentError(f"--set RANDOMIZE_DOWNLOAD_DELAY: expected true or false, got "
                                   f"{overrides['RANDOMIZE_DOWNLOAD_DELAY']!r}") from exc
-    for name in configurations:
-        settings = Settings({**CLUSTER_SETTINGS, **CONFIGURATIONS[name][1], **overrides})
-        try:
+    try:
+        for name, (kind, least) in NODE_SETTINGS.items():
+            if name in overrides:
+                check_number(name, overrides[name], kind, low=least)
+        for name in configurations:
+            settings = Settings({**CLUSTER_SETTINGS, **CONFIGURATIONS[name][1], **overrides})
             Config.from_settings(settings)
             check_strategy_settings(settings)
-        except ConfigurationError as exc:
-            raise ExperimentError(f"--set {exc}") from exc
+    except ConfigurationError as exc:
+        raise ExperimentError(f"--set {exc}") from exc
 
 
 def virtual_tasks(sites: Sequence[str]) -> list[dict[str, Any]]:
