@@ -666,6 +666,8 @@ def test_experiment_sim_writes_the_summary_and_report(tmp_path: Path) -> None:
     assert dist["vs_best"]["n"] == 3 and 0 < dist["vs_best"]["min"] <= dist["vs_best"]["max"] < 1
     assert dist["vs_shared"]["median"] > 1.3  # 1.48 measured in 40 s (learning costs the first seconds); ~2 in 90 s
     assert "ratio distribution over simulated seeds" in result.stdout
+    # Where a simulated run is, at each sample (a long one shows its progress): the status line on stderr.
+    assert "[bandit 1/4 seed 0] 21/40 simulated s  items " in result.stderr.replace("\r", "\n")
     # The bandit's pace per pair, in node time: a suited pair's pages (0.1 to 0.2 s, 8 slots) well above 8 a second.
     final = summary["runs"]["bandit"]["final_completion"]
     assert final["node2"]["t.163.com"]["pace"] > 20 > final["node2"]["weibo.com"]["pace"] > 0

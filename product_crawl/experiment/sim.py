@@ -10,6 +10,7 @@ the same ``from_crawler`` code reads them), and the run's raw record has the sha
 from __future__ import annotations
 
 import bisect
+import functools
 import ipaddress
 import os
 import time
@@ -162,13 +163,20 @@ def simulate_configuration(name: str, opts: Options, *, model: NodeModel | None 
                      alpha=config.estimate_alpha, recall_age=config.recall_age,
                      model=(model or NodeModel()).with_settings(Settings(settings)),
                      sample_interval=opts.sample_interval, heartbeat=config.heartbeat_interval,
-                     seed=seed, pair_samples=len(nodes) * len(opts.sites) <= 10_000)
+                     seed=seed, pair_samples=len(nodes) * len(opts.sites) <= 10_000,
+                     on_sample=None if progress is None else functools.partial(_progress, progress, label or name, opts))
     started = time.monotonic()
     raw = sim.run()
     if progress is not None:
         progress.done(f"[{label or name}] simulated {opts.duration:.0f} s in {time.monotonic() - started:.1f} s: "
                       f"{raw['samples'][-1]['items']} unique items")
     return {"name": name, "settings": settings, **raw, "truth_corpus": [], "simulated": True}
+
+
+def _progress(progress: Progress, label: str, opts: Options, sample: dict[str, Any]) -> None:
+    """The status line of a simulated run at each sample: a long one (a day at a thousand nodes) shows where it is."""
+    progress.update(f"[{label}] {sample['t']:.0f}/{opts.duration:.0f} simulated s  items {sample['items']}  "
+                    f"waiting {sample['waiting']}  tasks done {sample['tasks_done']}/{sample['tasks']}")
 
 
 def best_possible(opts: Options, totals: dict[str, dict[str, int]], *, assignments: bool = False,
