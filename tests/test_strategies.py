@@ -1029,17 +1029,54 @@ def test_bandit_weighs_recalled_subtasks_as_the_plain_weighing_does() -> None:
 def test_bandit_ranking_updated_in_place_is_the_sorted_one(seed: int) -> None:
     # Runs of a few nodes change between calls: their rows move in the kept ranking, which stays what sorting
     # every node's expected rate gives.
+    # Each node's rate is exactly (bit for bit) what expected_rates makes of the sums under the ranking's prior,
+    # whether it came from the rows kept across calls (RateTable: the prior moved) or was rated alone; a node whose
+    # sums are gone leaves the ranking.
     rng = random.Random(seed)
     est, ids = _random_site(rng, 50)
     strategy = BanditAllocation(seed=seed)
     nodes = [node(nid, 0) for nid in ids[:-1]] + [node(ids[-1], 1)]
-    for _ in range(20):
-        for nid in rng.sample(ids, rng.randint(1, 5)):
+    for call in range(20):
+        est.sums["a.com"] = dict(est.sums["a.com"])  # a new mapping on change, as the control's cache makes
+        for nid in rng.sample(ids, rng.randint(1, 5) if call % 5 else 40):  # now and then most of them
             est.runs("a.com", nid, _random_run(rng))
-            est.sums["a.com"] = dict(est.sums["a.com"])  # a new mapping on change, as the control's cache makes
+        if call % 7 == 3:
+            del est.sums["a.com"][rng.choice(sorted(est.sums["a.com"]))]
         strategy.allocate([st("s1")], nodes, est, NOW)
         (_, _, ranking), = strategy._rankings._kept.values()
+        sums, theta0, rho0 = ranking.data[:3]
+        assert ranking.c == posterior_module.expected_rates(
+            sums, now=NOW, half_life=0, theta0=theta0, rho0=rho0)
         assert ranking.by_rate == sorted((-v, ranking.index[n], n) for n, v in ranking.c.items())
+
+
+def test_rate_table_rates_are_expected_rates_and_its_paced_rates_expected_rate() -> None:
+    # The rows rate every node as expected_rates does (the same floats), through puts of new and changed sums and
+    # priors that move; a product's pace gives expected_rate's rate with that pace (its own sums' pace if the
+    # product's has no pages).
+    rng = random.Random(7)
+
+    def sums() -> Sums:
+        pages = rng.choice([0.0, rng.uniform(0.5, 40.0)])
+        return Sums(n=rng.uniform(0.5, 5), pages=pages, got=rng.uniform(0, pages), t=NOW - rng.uniform(0, 600),
+                    sec=rng.choice([0.0, rng.uniform(0, 9)]), err=rng.uniform(0, pages / 4),
+                    xp=rng.uniform(0, pages / 3))
+
+    table, kept = posterior_module.RateTable(), {}
+    for step in range(300):
+        nid = f"n{rng.randrange(150)}"
+        kept[nid] = sums()
+        table.put(nid, kept[nid], int(nid[1:]))
+        theta0, rho0 = rng.choice([0.0, 0.3, 0.97, 1.0]), rng.choice([0.0, 1e-9, 0.4, 12.0])
+        if step % 10 == 0:
+            rates = table.rates(theta0=theta0, rho0=rho0)
+            expected = posterior_module.expected_rates(kept, now=NOW, half_life=0, theta0=theta0, rho0=rho0)
+            assert dict(zip(table.ids, rates.tolist(), strict=True)) == expected
+            assert table.ranked(rates) == sorted((-v, int(n[1:]), n) for n, v in expected.items())
+        pace = sums()
+        assert table.paced(nid, kept[nid], pace, theta0=theta0, rho0=rho0) == posterior_module.expected_rate(
+            kept[nid], now=NOW, half_life=0, theta0=theta0, rho0=rho0, pace=pace)
+    assert table.paced("nobody", sums(), sums(), theta0=0.5, rho0=1.0) is None
 
 
 def test_bandit_exploits_what_the_evidence_says_however_old() -> None:

@@ -164,7 +164,8 @@ def simulate_configuration(name: str, opts: Options, *, model: NodeModel | None 
                      model=(model or NodeModel()).with_settings(Settings(settings)),
                      sample_interval=opts.sample_interval, heartbeat=config.heartbeat_interval,
                      seed=seed, pair_samples=len(nodes) * len(opts.sites) <= 10_000,
-                     on_sample=None if progress is None else functools.partial(_progress, progress, label or name, opts))
+                     on_sample=None if progress is None else functools.partial(_progress, progress, label or name,
+                                                                               opts))
     started = time.monotonic()
     raw = sim.run()
     if progress is not None:

@@ -99,6 +99,7 @@ from .posterior import (
     CHANGE_SHIFT,
     PRIOR_WEIGHT,
     Posterior,
+    RateTable,
     SiteMax,
     Sums,
     changed_since,
@@ -663,14 +664,27 @@ class BanditAllocation(Allocation):
                     self.exposure += new.t - was.t
                     self.changes += new.cp > was.cp
                     self._watch(site, nid, was, new)
+        # The rows of the site's rates (RateTable), moved from the previous ranking when they hold its sums (a node
+        # gone: made again, as the rows keep the sums' order), else made from the sums.
+        table = previous.data[3] if previous is not None and not gone else None
+        if table is not None and previous is not None and table.of is previous.data[0]:
+            for nid, new in changed.items():
+                table.put(nid, new, index[nid])
+        else:
+            table = RateTable()
+            for nid, new in sums.items():
+                if nid in index:
+                    table.put(nid, new, index[nid])
+        table.of = sums
         by_rate = None
-        if previous is not None and previous.data[1:3] == (theta0, rho0):
+        if previous is not None and previous.data[1:3] == (theta0, rho0) and len(changed) <= RERANK:
+            # A few nodes re-rated under the same prior: move their rows (the same rows _Ranking sorts: spp 1)
+            # instead of sorting them all
             c = previous.c.copy()
             for nid in gone:
                 c.pop(nid, None)
             fresh = expected_rates(changed, now=now, half_life=EXPLOIT, theta0=theta0, rho0=rho0)
-            if len(c) == len(previous.c) and len(fresh) <= RERANK:
-                # A few nodes re-rated: move their rows (the same rows _Ranking sorts: spp 1) instead of sorting
+            if len(c) == len(previous.c):
                 by_rate = previous.by_rate.copy()
                 for nid, r in fresh.items():
                     if nid in c:
@@ -681,11 +695,12 @@ class BanditAllocation(Allocation):
                         del by_rate[i]
                     bisect.insort(by_rate, (-r, index[nid], nid))
             c.update(fresh)
-        else:
-            c = expected_rates({nid: s for nid, s in sums.items() if nid in index}, now=now,
-                               half_life=EXPLOIT, theta0=theta0, rho0=rho0)
+        else:  # the prior moved (every node's rate with it), or many nodes re-rated: every row at once
+            rates = table.rates(theta0=theta0, rho0=rho0)
+            c = dict(zip(table.ids, rates.tolist(), strict=True))
+            by_rate = table.ranked(rates)
         return _Ranking(typed, c, dict.fromkeys(c, 1.0), [], math.inf,
-                        (sums, theta0, rho0, now, Posterior.prior(theta0, rho0)), by_rate=by_rate)
+                        (sums, theta0, rho0, table, Posterior.prior(theta0, rho0)), by_rate=by_rate)
 
     def allocate(self, subtasks: Sequence[Subtask], nodes: Sequence[NodeView], estimates: Estimates,
                  now: float) -> list[tuple[Subtask, str]]:
@@ -773,11 +788,16 @@ class BanditAllocation(Allocation):
             d = doing.get(nid)
             return d[0] if d is not None and now - d[1] < PROBE_AGE else 0.0
 
+        changes: dict[str, tuple[Mapping[str, Sums], float]] = {}  # site -> (its sums, site_change): per call
+
         def site_change(site: str, sums: Mapping[str, Sums]) -> float:
             """The time of the last change point of any pair of the site with these sums: a site that starts
             treating one node differently may have changed for the others too, so their older evidence is not
-            trusted to explore. Kept per site as its runs report (_SiteSummary)."""
-            return self._summary(site).cp.value(sums) or 0.0
+            trusted to explore. Kept per site as its runs report (_SiteSummary); asked once per site and call."""
+            hit = changes.get(site)
+            if hit is None or hit[0] is not sums:
+                hit = changes[site] = (sums, self._summary(site).cp.value(sums) or 0.0)
+            return hit[1]
 
         assert self.credit is not None
         drawn: set[str] = set()  # the sites a subtask of which was drawn for in this call
@@ -1064,7 +1084,7 @@ class BanditAllocation(Allocation):
         sums, theta0, rho0, _, _ = site.ranking.data
         per_group = group_sums(estimates, group, site.site) if sums else {}
         paces = {nid: pace for nid, pace in per_group.items() if nid in site.ranking.c and nid not in excluded}
-        rates = self._product_rates(group, site.site, sums, theta0, rho0, paces) if paces else {}
+        rates = self._product_rates(group, site.site, sums, site.ranking.data[3], theta0, rho0, paces) if paces else {}
         if runs_left:
             return self._retry_class(site, excluded, rates, classes, runs_left)
         if not rates:  # most products: the site's class
@@ -1080,8 +1100,8 @@ class BanditAllocation(Allocation):
             cls.posts = paces
         return cls
 
-    def _product_rates(self, group: str, site: str, sums: Mapping[str, Sums], theta0: float, rho0: float,
-                       paces: dict[str, Sums]) -> dict[str, float]:
+    def _product_rates(self, group: str, site: str, sums: Mapping[str, Sums], table: RateTable, theta0: float,
+                       rho0: float, paces: dict[str, Sums]) -> dict[str, float]:
         """Node -> expected rate of ``group`` on ``site`` for the nodes with a pace of their own for it. A rate
         depends on the node's sums, its pace sums and the site's prior only (the exploiting rates are not
         discounted by time), so it is kept across calls until one of them is replaced: a subtask that waits is
@@ -1097,8 +1117,10 @@ class BanditAllocation(Allocation):
         for nid, pace in paces.items():
             s, row = sums[nid], kept.get(nid)
             if row is None or row[0] is not s or row[1] is not pace:
-                row = kept[nid] = (s, pace, expected_rate(s, now=0.0, half_life=EXPLOIT, theta0=theta0, rho0=rho0,
-                                                          pace=pace))
+                rate = table.paced(nid, s, pace, theta0=theta0, rho0=rho0)  # its share from the site's rows
+                if rate is None:
+                    rate = expected_rate(s, now=0.0, half_life=EXPLOIT, theta0=theta0, rho0=rho0, pace=pace)
+                row = kept[nid] = (s, pace, rate)
             rates[nid] = row[2]
         return rates
 
