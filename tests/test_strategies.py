@@ -1074,9 +1074,9 @@ def test_rate_table_rates_are_expected_rates_and_its_paced_rates_expected_rate()
             assert dict(zip(table.ids, rates.tolist(), strict=True)) == expected
             assert table.ranked(rates) == sorted((-v, int(n[1:]), n) for n, v in expected.items())
         pace = sums()
-        assert table.paced(nid, kept[nid], pace, theta0=theta0, rho0=rho0) == posterior_module.expected_rate(
+        assert table.paced(theta0=theta0, rho0=rho0)(nid, kept[nid], pace) == posterior_module.expected_rate(
             kept[nid], now=NOW, half_life=0, theta0=theta0, rho0=rho0, pace=pace)
-    assert table.paced("nobody", sums(), sums(), theta0=0.5, rho0=1.0) is None
+    assert table.paced(theta0=0.5, rho0=1.0)("nobody", sums(), sums()) is None
 
 
 def test_bandit_exploits_what_the_evidence_says_however_old() -> None:

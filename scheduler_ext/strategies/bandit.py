@@ -1114,10 +1114,13 @@ class BanditAllocation(Allocation):
             hit = self._product[key] = (theta0, rho0, {})
         kept = hit[2]
         rates = {}
+        paced = None
         for nid, pace in paces.items():
             s, row = sums[nid], kept.get(nid)
             if row is None or row[0] is not s or row[1] is not pace:
-                rate = table.paced(nid, s, pace, theta0=theta0, rho0=rho0)  # its share from the site's rows
+                if paced is None:
+                    paced = table.paced(theta0=theta0, rho0=rho0)
+                rate = paced(nid, s, pace)  # its share from the site's rows
                 if rate is None:
                     rate = expected_rate(s, now=0.0, half_life=EXPLOIT, theta0=theta0, rho0=rho0, pace=pace)
                 row = kept[nid] = (s, pace, rate)

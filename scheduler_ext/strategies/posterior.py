@@ -46,7 +46,7 @@ from __future__ import annotations
 import heapq
 import math
 import random
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -418,24 +418,30 @@ class RateTable:
         wr = self._terms(theta0, rho0)[2]
         return self.shares(theta0=theta0, rho0=rho0) * (self._pages[:n] / (wr + self._sec[:n]))
 
-    def paced(self, nid: str, s: Sums, pace: Sums, *, theta0: float, rho0: float) -> float | None:
-        """``expected_rate(s, pace=pace)`` at half-life 0 for ``nid``, whose row holds ``s``: its share from the row
-        (kept per prior), its pace from ``pace`` (a product's runs); None if ``nid`` has no row.
+    def paced(self, *, theta0: float, rho0: float) -> Callable[[str, Sums, Sums], float | None]:
+        """``rate(nid, s, pace)``: ``expected_rate(s, pace=pace)`` at half-life 0 for ``nid``, whose row holds ``s``:
+        its share from the row (kept per prior), its pace from ``pace`` (a product's runs); None if ``nid`` has no
+        row. Made once per prior and class, called per node.
 
         >>> t = RateTable(); s, p = Sums(n=2, pages=20, got=15, sec=4), Sums(n=1, pages=5, got=5, sec=2)
         >>> t.put("a", s, 0)
-        >>> t.paced("a", s, p, theta0=0.6, rho0=2) == expected_rate(s, now=9, half_life=0, theta0=0.6, rho0=2, pace=p)
-        True
+        >>> rate = t.paced(theta0=0.6, rho0=2)
+        >>> rate("a", s, p) == expected_rate(s, now=9, half_life=0, theta0=0.6, rho0=2, pace=p), rate("b", s, p)
+        (True, None)
         """
-        i = self.row.get(nid)
-        if i is None:
-            return None
         if self._shares is None or self._prior != (theta0, rho0):
             self.shares(theta0=theta0, rho0=rho0)
-        assert self._shares is not None
-        src = s if pace.pages <= 0 else pace
-        wr = self._terms(theta0, rho0)[2]
-        return self._shares[i] * ((self.weight + (src.pages - src.xp)) / (wr + src.sec))
+        shares, row, weight, wr = self._shares, self.row, self.weight, self._terms(theta0, rho0)[2]
+        assert shares is not None
+
+        def rate(nid: str, s: Sums, pace: Sums) -> float | None:
+            i = row.get(nid)
+            if i is None:
+                return None
+            src = s if pace.pages <= 0 else pace
+            return shares[i] * ((weight + (src.pages - src.xp)) / (wr + src.sec))
+
+        return rate
 
     def ranked(self, rates: Any) -> list[tuple[float, int, str]]:
         """The rows as a ranking's ``by_rate``: ``(-rate, node index, id)``, best first, ties by node index."""
