@@ -4,6 +4,7 @@ and how it re-opens stale evidence. Pure logic over in-memory estimates: no serv
 from __future__ import annotations
 
 import math
+import random
 
 from scheduler_ext.models import Subtask
 from scheduler_ext.sim.estimates import MemoryEstimates
@@ -148,3 +149,27 @@ def test_changes_found_grant_explorations_of_stale_pairs_beyond_the_budget() -> 
     # still pay for re-exploring the pair whose evidence predates them; without changes, nothing is explored.
     assert explorations_of_stale_pair(burst=True, credit=0.0) > 0
     assert explorations_of_stale_pair(burst=False, credit=0.0) == 0
+
+
+def test_long_intervals_watched_add_what_a_pass_over_their_bins_adds() -> None:
+    # A pair last run an hour ago covers 720 bins: its whole bins are added when the watched seconds are next read
+    # (a difference array), its partial first and last bins at once. The bins hold what adding the interval's part
+    # of each bin, bin by bin, gives (up to the order of the additions), read between watches or not; the hazard and
+    # its cumulative follow.
+    rng = random.Random(3)
+    deferred, plain = ChangeHazard(width=5.0), ChangeHazard(width=5.0)
+    for step in range(400):
+        t1 = rng.uniform(0, 8000)
+        t0 = t1 - rng.choice([rng.uniform(0, 12), rng.uniform(0, 4000), 5.0 * rng.randint(1, 800)])
+        deferred.watch(t0, t1)
+        plain._spread(plain._watched, t0, t1, None)  # bin by bin
+        if step % 50 == 49:
+            assert math.isclose(deferred.change(t0, t1), plain.change(t0, t1), rel_tol=1e-9)
+            got, want = deferred.watched, plain.watched
+            assert got.keys() == want.keys()
+            assert all(math.isclose(got[b], want[b], rel_tol=1e-12) for b in want)
+            assert math.isclose(deferred.cumulative(t0, t1 + 60), plain.cumulative(t0, t1 + 60), rel_tol=1e-9)
+    fresh = ChangeHazard(width=5.0)
+    fresh.watch(2.5, 3602.5)  # an hour: two partial bins now, the 719 whole ones as two entries
+    assert len(fresh._watched) == 2 and len(fresh._whole) == 2
+    assert len(fresh.watched) == 721 and math.isclose(sum(fresh.watched.values()), 3600.0)

@@ -193,9 +193,31 @@ class ChangeHazard:
 
     def __init__(self, width: float = HAZARD_BIN, keep: int = HAZARD_BINS) -> None:
         self.width, self.keep = width, keep
-        self.watched: dict[int, float] = {}  # bin -> pair-seconds watched in it
+        self._watched: dict[int, float] = {}  # bin -> pair-seconds watched in it (see watched)
+        # The whole bins of the intervals watched since ``watched`` was last read, as a difference array: bin ->
+        # pair-seconds that start there (``+width`` at an interval's first whole bin, ``-width`` past its last). A
+        # pair last run an hour ago covers 720 bins; each watch costs two entries instead of a pass over them.
+        self._whole: dict[int, float] = {}
         self.changes: dict[int, float] = {}  # bin -> changes (fractions of changes spread over their intervals)
         self._table: tuple[int, list[float]] | None = None  # (first bin, cumulative hazard at each bin's start)
+
+    @property
+    def watched(self) -> dict[int, float]:
+        """Bin -> pair-seconds watched in it (the whole bins of the intervals watched since the last read added)."""
+        if self._whole:
+            watched, acc = self._watched, 0.0
+            keys = sorted(self._whole)
+            for b, end in zip(keys, keys[1:], strict=False):
+                acc += self._whole[b]
+                if acc > 0:
+                    for k in range(b, end):
+                        watched[k] = watched.get(k, 0.0) + acc
+            self._whole = {}
+        return self._watched
+
+    @watched.setter
+    def watched(self, value: dict[int, float]) -> None:
+        self._watched, self._whole = value, {}
 
     def _spread(self, into: dict[int, float], t0: float, t1: float, total: float | None) -> None:
         """Adds to the bins of ``into`` the part of ``[t0, t1]`` each covers: in seconds, or as a share of
@@ -212,8 +234,27 @@ class ChangeHazard:
         self._table = None
 
     def watch(self, t0: float, t1: float) -> None:
-        """A pair ran at ``t0`` and again at ``t1``: it was watched in between."""
-        self._spread(self.watched, t0, t1, None)
+        """A pair ran at ``t0`` and again at ``t1``: it was watched in between (as :meth:`_spread` adds it: its part
+        of its first and last bins now, its whole bins when ``watched`` is next read)."""
+        if t1 <= t0:
+            return
+        w = self.width
+        lo = max(int(t0 // w), int(t1 // w) - self.keep)
+        hi = int(t1 // w)
+        first = lo if max(t0, lo * w) <= lo * w else lo + 1  # the first bin the interval covers whole
+        last = hi - 1 if t1 < (hi + 1) * w else hi  # the last
+        if last - first < 8:  # a short interval: bin by bin
+            self._spread(self._watched, t0, t1, None)
+            return
+        for b in (first - 1, last + 1):  # the partial bins at either end
+            if lo <= b <= hi:
+                part = min(t1, (b + 1) * w) - max(t0, b * w)
+                if part > 0:
+                    self._watched[b] = self._watched.get(b, 0.0) + part
+        whole = self._whole
+        whole[first] = whole.get(first, 0.0) + w
+        whole[last + 1] = whole.get(last + 1, 0.0) - w
+        self._table = None
 
     def take_back(self, parts: dict[int, float]) -> None:
         """Removes a change that :meth:`change` added (``parts``: what it added to each bin)."""
