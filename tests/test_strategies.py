@@ -1076,7 +1076,6 @@ def test_rate_table_rates_are_expected_rates_and_its_paced_rates_expected_rate()
         pace = sums()
         assert table.paced(theta0=theta0, rho0=rho0)(nid, kept[nid], pace) == posterior_module.expected_rate(
             kept[nid], now=NOW, half_life=0, theta0=theta0, rho0=rho0, pace=pace)
-    assert table.paced(theta0=0.5, rho0=1.0)("nobody", sums(), sums()) is None
 
 
 def test_bandit_exploits_what_the_evidence_says_however_old() -> None:

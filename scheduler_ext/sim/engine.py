@@ -314,7 +314,7 @@ class Simulation:
         with collections_apart() as collect:
             return self._run(collect)
 
-    def _run(self, collect: Callable[[], None] = lambda: None) -> dict[str, Any]:
+    def _run(self, collect: Callable[[], None]) -> dict[str, Any]:
         collected = 0.0  # the simulated time of the last collection (collections_apart)
         self._at(0.0, "tick")
         self._at(0.0, "sample")

@@ -104,7 +104,6 @@ from .posterior import (
     Sums,
     changed_since,
     draw_rate,
-    expected_rate,
     expected_rates,
     share_bound,
 )
@@ -1156,15 +1155,12 @@ class BanditAllocation(Allocation):
         kept = hit[2]
         rates = {}
         paced = None
-        for nid, pace in paces.items():
+        for nid, pace in paces.items():  # nodes of the ranking, so of its rows
             s, row = sums[nid], kept.get(nid)
             if row is None or row[0] is not s or row[1] is not pace:
                 if paced is None:
                     paced = table.paced(theta0=theta0, rho0=rho0)
-                rate = paced(nid, s, pace)  # its share from the site's rows
-                if rate is None:
-                    rate = expected_rate(s, now=0.0, half_life=EXPLOIT, theta0=theta0, rho0=rho0, pace=pace)
-                row = kept[nid] = (s, pace, rate)
+                row = kept[nid] = (s, pace, paced(nid, s, pace))  # its share from the site's rows
             rates[nid] = row[2]
         return rates
 

@@ -317,6 +317,13 @@ def expected_rate(sums: Sums, *, now: float, half_life: float, theta0: float, rh
     return a / (a + b) * (shape / rate)
 
 
+def prior_terms(theta0: float, rho0: float, weight: float = PRIOR_WEIGHT) -> tuple[float, float, float]:
+    """The prior's pseudo-evidence ``(w theta0, w (1 - theta0), w / rho0)``, ``theta0`` clamped to [0.001, 0.999]
+    and ``rho0`` floored at 1e-6, as :func:`params` makes it inline: the batch rates start from them."""
+    theta0 = min(0.999, max(0.001, theta0))
+    return weight * theta0, weight * (1 - theta0), weight / (rho0 if rho0 > 1e-6 else 1e-6)
+
+
 def expected_rates(sums: Mapping[str, Sums], *, now: float, half_life: float, theta0: float, rho0: float,
                    weight: float = PRIOR_WEIGHT) -> dict[str, float]:
     """``{node: expected_rate(s, ...)}`` for every pair of a site at once: the same floats (the same operations in
@@ -328,8 +335,7 @@ def expected_rates(sums: Mapping[str, Sums], *, now: float, half_life: float, th
     ...     for k, v in s.items() for now in (0, 9, 40) for h in (0, 30, math.inf))
     True
     """
-    theta0 = min(0.999, max(0.001, theta0))
-    wa, wb, wr = weight * theta0, weight * (1 - theta0), weight / (rho0 if rho0 > 1e-6 else 1e-6)
+    wa, wb, wr = prior_terms(theta0, rho0, weight)
     out = {}
     for key, s in sums.items():
         age = now - s.t
@@ -370,12 +376,6 @@ class RateTable:
         self._shares: list[float] | None = None  # every row's expected share under ``_prior``, kept as rows are put
         self._prior: tuple[float, float] | None = None
 
-    def _terms(self, theta0: float, rho0: float) -> tuple[float, float, float]:
-        """The prior's pseudo-evidence ``(w theta0, w (1 - theta0), w / rho0)`` (as :func:`params` makes it)."""
-        weight = self.weight
-        theta0 = min(0.999, max(0.001, theta0))
-        return weight * theta0, weight * (1 - theta0), weight / (rho0 if rho0 > 1e-6 else 1e-6)
-
     def put(self, nid: str, s: Sums, index: int) -> None:
         """``nid``'s row from its sums (the terms of :func:`expected_rates` that do not depend on the prior)."""
         i = self.row.get(nid)
@@ -396,7 +396,7 @@ class RateTable:
         self._sec[i] = s.sec
         self._index[i] = index
         if self._shares is not None and self._prior is not None:  # the kept shares follow the row
-            wa, wb, _ = self._terms(*self._prior)
+            wa, wb, _ = prior_terms(*self._prior, self.weight)
             a = wa + got
             if i < len(self._shares):
                 self._shares[i] = a / (a + (wb + fail))
@@ -406,7 +406,7 @@ class RateTable:
     def shares(self, *, theta0: float, rho0: float) -> Any:
         """Every row's expected served share ``a / (a + b)`` under the prior (a numpy array, in row order)."""
         n = self._n
-        wa, wb, _ = self._terms(theta0, rho0)
+        wa, wb, _ = prior_terms(theta0, rho0, self.weight)
         a = wa + self._got[:n]
         shares = a / (a + (wb + self._fail[:n]))
         self._shares, self._prior = shares.tolist(), (theta0, rho0)
@@ -415,31 +415,27 @@ class RateTable:
     def rates(self, *, theta0: float, rho0: float) -> Any:
         """Every row's expected rate under the prior ``(theta0, rho0)`` (a numpy array, in row order)."""
         n = self._n
-        wr = self._terms(theta0, rho0)[2]
+        wr = prior_terms(theta0, rho0, self.weight)[2]
         return self.shares(theta0=theta0, rho0=rho0) * (self._pages[:n] / (wr + self._sec[:n]))
 
-    def paced(self, *, theta0: float, rho0: float) -> Callable[[str, Sums, Sums], float | None]:
+    def paced(self, *, theta0: float, rho0: float) -> Callable[[str, Sums, Sums], float]:
         """``rate(nid, s, pace)``: ``expected_rate(s, pace=pace)`` at half-life 0 for ``nid``, whose row holds ``s``:
-        its share from the row (kept per prior), its pace from ``pace`` (a product's runs); None if ``nid`` has no
-        row. Made once per prior and class, called per node.
+        its share from the row (kept per prior), its pace from ``pace`` (a product's runs). Made once per prior and
+        class, called per node of the table.
 
         >>> t = RateTable(); s, p = Sums(n=2, pages=20, got=15, sec=4), Sums(n=1, pages=5, got=5, sec=2)
         >>> t.put("a", s, 0)
-        >>> rate = t.paced(theta0=0.6, rho0=2)
-        >>> rate("a", s, p) == expected_rate(s, now=9, half_life=0, theta0=0.6, rho0=2, pace=p), rate("b", s, p)
-        (True, None)
+        >>> t.paced(theta0=0.6, rho0=2)("a", s, p) == expected_rate(s, now=9, half_life=0, theta0=0.6, rho0=2, pace=p)
+        True
         """
         if self._shares is None or self._prior != (theta0, rho0):
             self.shares(theta0=theta0, rho0=rho0)
-        shares, row, weight, wr = self._shares, self.row, self.weight, self._terms(theta0, rho0)[2]
+        shares, row, weight, wr = self._shares, self.row, self.weight, prior_terms(theta0, rho0, self.weight)[2]
         assert shares is not None
 
-        def rate(nid: str, s: Sums, pace: Sums) -> float | None:
-            i = row.get(nid)
-            if i is None:
-                return None
+        def rate(nid: str, s: Sums, pace: Sums) -> float:
             src = s if pace.pages <= 0 else pace
-            return shares[i] * ((weight + (src.pages - src.xp)) / (wr + src.sec))
+            return shares[row[nid]] * ((weight + (src.pages - src.xp)) / (wr + src.sec))
 
         return rate
 
