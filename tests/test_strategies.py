@@ -1167,6 +1167,35 @@ def test_bandit_charges_an_exploration_what_its_node_forgoes() -> None:
     assert explorers("n3", EXPLORE_PAGES * share * 1.001)["n3"] >= 10
 
 
+def test_bandit_charges_an_exploration_what_its_subtask_forgoes_where_work_is_scarce() -> None:
+    # a.com's best is "good" (the window's best work); n1 never ran anywhere, so its time forgoes nothing. Where
+    # "good" has a free slot for the subtask, exploring it on n1 takes that work from "good": it costs its pages
+    # at "good"'s rate (the window's best: every page), however idle n1 is. (Until 2026-12-06 it cost nothing:
+    # the paper profile with 996 more nodes the profile's default serves, `scrapy experiment --sim --nodes 1000`,
+    # spent most of its 20 tasks' runs exploring them, half the items of the shared queue.)
+    est = SumsEstimates().runs("a.com", "good", GOOD, GOOD, GOOD)
+
+    def explored(window: list[Subtask], good_free: int, credit: float) -> tuple[int, int]:
+        """Over 40 seeds: (explorations by n1, subtasks given to "good")."""
+        by_n1 = by_good = 0
+        for seed in range(40):
+            strategy = BanditAllocation(explore_share=0, seed=seed)
+            strategy.credit = credit
+            for s, nid in strategy.allocate(window, [node("good", good_free), node("n1")], est, NOW):
+                by_n1 += nid == "n1" and s.page_limit == EXPLORE_PAGES
+                by_good += nid == "good"
+        return by_n1, by_good
+
+    assert explored([st("s1")], good_free=0, credit=0.0)[0] >= 10  # "good" is busy: the subtask would wait
+    assert explored([st("s1")], good_free=1, credit=0.0) == (0, 40)  # it would run on "good" now
+    assert explored([st("s1")], good_free=1, credit=EXPLORE_PAGES * 0.999)[0] == 0
+    assert explored([st("s1")], good_free=1, credit=EXPLORE_PAGES * 1.001)[0] >= 10
+    # Two subtasks, one free slot on "good": the first claims it, the second would wait, and n1 explores that
+    # one without budget, while "good" takes the first.
+    by_n1, by_good = explored([st("s1"), st("s2")], good_free=1, credit=0.0)
+    assert by_n1 >= 10 and by_good == 40
+
+
 def test_bandit_spends_its_budget_on_the_explorations_that_forgo_least_first() -> None:
     # a.com's best ("good") is the window's best work; on b.com "b" is the best, "mid" collects half its rate,
     # "low" a tenth (both below the floor: neither is given b.com's subtask). Neither ran a.com, so both draw

@@ -13,9 +13,11 @@ averages, so that
 * the budget is a share of the pages sent (``SCHEDEXT_EXPLORE_SHARE`` of them, default 0.2), so exploration
   stays bounded however many pairs there are, and drift is caught without a staleness timer; an exploration
   crawls only the first ``SCHEDEXT_EXPLORE_PAGES`` (3) pages of its subtask (:data:`EXPLORE_PAGES`), and costs
-  the budget what its node forgoes: its pages times the node's best expected rate on the window's sites over the
-  best of any node there. A node with nothing good to do gives up little by trying a pair; one with the best work
-  in the window pays every page.
+  the budget what its node or its subtask forgoes, whichever is more: its pages times the node's best expected
+  rate on the window's sites, or the rate of the node that would take the subtask now if it were not explored
+  (a free node rated at least the floor of the site's best, not claimed by the window's subtasks before it), over
+  the best of any node there. A node with nothing good to do gives up little by trying a pair, unless the work is
+  what is scarce: taking a subtask a good node would run now costs its pages at that node's rate.
 
 Per tick, over the window of waiting subtasks the control passes (priority order):
 
@@ -31,8 +33,8 @@ Per tick, over the window of waiting subtasks the control passes (priority order
    not pick (unless the pair's only runs were blank, or it is passed over: eligible, but below the floor of what its
    node has, so that nothing renews its evidence, and not run for :data:`PROBE_AGE`), is an exploration (on a site no
    candidate has data on, any draw: the prior's rate there says nothing). Explorations go first, the best draw per
-   page of budget first (:func:`_per_page`), each costing its pages of the budget times what its node forgoes
-   (above); a site no candidate has data on needs no budget (there is nothing to exploit). One exploration per pair
+   page of budget first (:func:`_per_page`), each costing its pages of the budget times what its node or its
+   subtask forgoes (above); a site no candidate has data on needs no budget (there is nothing to exploit). One exploration per pair
    is in flight at a time: until the pair's run reports blank, until a run of it reported :data:`EXPLORE_REST`
    seconds ago, or for the recall age (:meth:`BanditAllocation._in_flight`). A pair last run before the site's latest
    change of treatment (any node's ``Sums.cp``) is drawn from the prior, as untried; so is any pair, with probability
@@ -839,9 +841,34 @@ class BanditAllocation(Allocation):
                 hit = changes[site] = (sums, self._summary(site).cp.value(sums) or 0.0)
             return hit[1]
 
+        claims: dict[int, list[float]] = {}  # id(site) -> [its free eligible slots not claimed, their best rate]
+
+        def claimed(site: _Site) -> float:
+            """What the next subtask of ``site`` in the window forgoes if explored, over ``top``: the rate of the
+            site's best free node rated at least the floor of its best while the window's subtasks before it have
+            not claimed every such slot (it would be exploited now: where work is scarce, an exploration takes a
+            good node's work), else nothing (it would wait: the exploring node's time is the whole cost)."""
+            claim = claims.get(id(site))
+            if claim is None:
+                rows, slots, rate = site.ranking.by_rate, 0, 0.0
+                if rows and rows[0][0] < 0:
+                    cut = self.rate_floor * rows[0][0]
+                    for minus_rate, _, nid in rows:
+                        if minus_rate > cut:
+                            break
+                        if free.get(nid, 0) > 0:
+                            slots += free[nid]
+                            rate = rate or -minus_rate
+                claim = claims[id(site)] = [float(slots), rate / top if top > 0 else 0.0]
+            if claim[0] <= 0:
+                return 0.0
+            claim[0] -= 1
+            return claim[1]
+
         assert self.credit is not None
         drawn: set[str] = set()  # the sites a subtask of which was drawn for in this call
         for order, st, cls in window:
+            work = claimed(cls.site)
             if cls.top > 0 and st.attempt > 0:
                 continue  # a subtask that failed already must not risk another recall on a pair being tried,
                 # unless no candidate is known to collect anything (it would wait for its patience, or forever)
@@ -889,7 +916,7 @@ class BanditAllocation(Allocation):
                     draw = prior.sample(self.rng)
                     if draw > self.rate_floor * best and draw > max(own(nid), busy_rate(nid)):
                         explore.append((1, -draw / best, order, bool(queued.get(nid)), st, nid, False,
-                                        min(1.0, own(nid) / top) if top > 0 else 1.0, PROBE_PAGES))
+                                        max(work, min(1.0, own(nid) / top)) if top > 0 else 1.0, PROBE_PAGES))
                     continue
                 elif s is not None and s.t < site_change(st.site, sums):
                     s = None  # tried before the site changed how it treats some node: as good as untried
@@ -907,7 +934,8 @@ class BanditAllocation(Allocation):
                 if mine >= draw:
                     continue
                 explore.append((int(seen is not None), -draw / best if best > 0 else -math.inf, order, best <= 0, st,
-                                nid, seen is not None and s is None, min(1.0, mine / top) if top > 0 else 1.0, 0))
+                                nid, seen is not None and s is None,
+                                max(work, min(1.0, mine / top)) if top > 0 else 1.0, 0))
         held = {n.id: n.held for n in nodes}
         result, exploited = self._match(explore, classes.values(), free, now, len(nodes), queued, held)
         if exploited:  # what each node was given, for the probes (busy_rate)
