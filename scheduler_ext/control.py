@@ -973,6 +973,7 @@ class TickResult:
     dead: int = 0
     allocated: int = 0
     refused: int = 0  # decisions whose guard no longer held (another control, or a node, got there first)
+    behind: bool = False  # an input was read a full batch: more may wait, and the next tick starts at once
     notes: list[str] = field(default_factory=list)
 
 
@@ -1006,6 +1007,7 @@ class Control:
         self._slots: dict[str, int] = {}  # last tick's live nodes -> crawl-queue slots (what the next one asks)
         self._free = 0  # last tick's free slots
         self._held = 0  # subtasks of last tick's window waiting out their retry delay: read as many more ids
+        self._behind = False  # the last read took a full batch of an input (TickRead.more)
         self._registry: dict[str, tuple[str | None, NodeView | None, int]] = {}  # node -> entry, view, slots
         self.now = 0.0  # Redis time at the start of the current tick
         self.is_leader = False
@@ -1044,7 +1046,9 @@ class Control:
             return TickResult(False)
         with _collector_paused():
             snapshot = self.read()
-            return self.apply(decide(snapshot, self.strategies, snapshot.now))
+            result = self.apply(decide(snapshot, self.strategies, snapshot.now))
+        result.behind = self._behind
+        return result
 
     def forget(self) -> None:
         """Drop what this control holds in memory (after a Redis error: the server may have restarted older)."""
@@ -1077,6 +1081,7 @@ class Control:
         asked = self.strategies.window(guess) + self._held if slots else 0
         t = store.snapshot(batch=batch, max_bytes=self.max_entry_bytes, recall_age=self.recall_age,
                            node_timeout=self.node_timeout, window=asked, nodes=list(slots))
+        self._behind = t.more
         now = self.now = t.now  # one Redis time per tick: the time stamps of its decisions
         snap = Snapshot(keys=k, now=now, estimates=self.estimates, ids=self._ids,
                         virtual=[Entry(k.virtual, *e) for e in t.virtual],
@@ -1231,13 +1236,16 @@ class ControlExtension:
     between ticks, and sooner when a node reports: between ticks the leader waits on ``sleeping`` (a blocking
     rotate that takes nothing, :meth:`Store.wait_for_entry`) and ticks ``SCHEDEXT_TICK_WAKE`` seconds after the
     previous tick ended at the earliest, so a task's next subtask is made about that soon after its last one is
-    finished instead of half a tick interval later on average (0 turns waking off). Nothing but the process
+    finished instead of half a tick interval later on average (0 turns waking off); a tick that read a full batch
+    of an input (``SCHEDEXT_TICK_BATCH`` virtual tasks, reports or failures) is followed at once by the next, so
+    the control never falls behind its cluster for more than the ticks a backlog takes. Nothing but the process
     ending stops the loop: a failed tick (Redis away, or an error no entry explains) is retried with a backoff
     that doubles up to ``SCHEDEXT_BACKOFF_MAX``; after ``SCHEDEXT_TICK_ALARM`` failures in a row
     the control logs an error every tick and ``scrapy status`` shows it stuck (``controls``).
 
     Stats: ``schedext/control/ticks``, ``.../split``, ``.../reports``, ``.../recalled``, ``.../dead``,
-    ``.../allocated``, ``.../woken`` (ticks started early by a report), ``schedext/control/errors``,
+    ``.../allocated``, ``.../woken`` (ticks started early by a report), ``.../behind`` (ticks that read a full
+    batch of an input, each followed at once by the next tick), ``schedext/control/errors``,
     ``schedext/control/failed_in_row`` (a gauge).
     """
 
@@ -1333,7 +1341,13 @@ class ControlExtension:
         for name in ("split", "reports", "recalled", "dead", "allocated"):
             if getattr(r, name):
                 self.stats.inc_value(f"schedext/control/{name}", getattr(r, name))
-        if r.leader:
+        if r.leader and r.behind and not self._closing:
+            # A full batch of some input was read: more waits. Tick again at once, whatever the interval and
+            # the wake (with long ticks and no wake, a cluster finishing more than a batch a tick fell behind
+            # for good: docs/experiment.md, "A polite day at scale").
+            self.stats.inc_value("schedext/control/behind")
+            call_later(0, self.tick)
+        elif r.leader:
             self._wait_for_reports()
 
     def _wait_for_reports(self) -> None:

@@ -160,7 +160,8 @@ class TickRead:
     """What :meth:`Store.snapshot` read (lua/snapshot.lua): the server time; the oldest entries of ``virtual``,
     ``sleeping`` and ``failed`` as (raw, size, sha1), raw cut and sha1 set if the entry was too long; the ids of
     lapsed leases and stale crawl-queue entries; silent and live nodes; (registry JSON or None, crawl-queue
-    length) of each node asked about; the first ids of ``waiting``; the ``est:dirty`` members popped."""
+    length) of each node asked about; the first ids of ``waiting``; the ``est:dirty`` members popped. ``more``:
+    an input list came back as long as one tick reads (``batch`` entries, or ``budget`` bytes), so more may wait."""
 
     now: float
     virtual: list[tuple[str, int, str]]
@@ -173,6 +174,7 @@ class TickRead:
     entries: dict[str, tuple[str | None, int]]
     window: list[str]
     dirty: list[str]
+    more: bool = False
 
 
 class Store:
@@ -285,11 +287,16 @@ class Store:
         def listed(flat: list[Any]) -> list[tuple[str, int, str]]:
             return [(flat[i], int(flat[i + 1]), flat[i + 2]) for i in range(0, len(flat), 3)]
 
-        return TickRead(now=float(sec) + int(usec) / 1e6, virtual=listed(virtual), sleeping=listed(sleeping),
-                        failed=listed(failed), lapsed=lapsed, stale=stale, silent=silent, live=live,
+        def full(entries: list[tuple[str, int, str]]) -> bool:
+            """As long as the script reads a list: ``batch`` entries, or ``budget`` bytes (a cut one: ``show_bytes``)."""
+            return len(entries) >= batch or sum(show_bytes if sha1 else size for _, size, sha1 in entries) >= budget
+
+        inputs = [listed(virtual), listed(sleeping), listed(failed)]
+        return TickRead(now=float(sec) + int(usec) / 1e6, virtual=inputs[0], sleeping=inputs[1],
+                        failed=inputs[2], lapsed=lapsed, stale=stale, silent=silent, live=live,
                         entries={n: (raw or None, int(queued)) for n, (raw, queued) in
                                  zip(nodes, json.loads(entries) or [], strict=True)},
-                        window=list(json.loads(waiting) or []), dirty=dirty or [])
+                        window=list(json.loads(waiting) or []), dirty=dirty or [], more=any(map(full, inputs)))
 
     def node_entries(self, nodes: Sequence[str]) -> list[tuple[str | None, int]]:
         """(registry JSON or None, crawl-queue length) of each node, in one script call."""

@@ -100,6 +100,19 @@ def test_poison_subtask_dead_letters_after_exactly_max_recalls_with_two_controls
     assert cluster.redis.get(keys.leader) in ("control-a", "control-b")
 
 
+def test_a_control_that_read_a_full_batch_ticks_again_at_once(cluster: LocalCluster) -> None:
+    # Ticks every 30 s, no wake, one entry of each input a tick: three products wait. Without ticking again at
+    # once after a full batch, the second would be split 30 s after the first and the third 60 s after.
+    cluster.inject([{"name": n, "sites": ["good.example"]} for n in ("光明高钙牛奶", "蒙牛早餐奶", "特仑苏")])
+    cluster.start_control(SCHEDEXT_TICK_INTERVAL=30, SCHEDEXT_TICK_WAKE=0, SCHEDEXT_TICK_BATCH=1)
+    keys = cluster.store.keys
+    assert cluster.wait_for(lambda: cluster.redis.hlen(keys.tasks) >= 1, 60, interval=0.05)
+    first = time.monotonic()
+    assert cluster.wait_for(lambda: cluster.redis.hlen(keys.tasks) == 3 and not cluster.redis.llen(keys.virtual),
+                            15, interval=0.05)
+    assert time.monotonic() - first < 15
+
+
 def test_a_report_wakes_the_control_so_a_task_goes_on_long_before_the_next_tick(cluster: LocalCluster) -> None:
     # Ticks every 30 s, first subtasks of 2 pages: every task needs a second subtask, which only a tick can make.
     # Without waking, none would exist before the second tick, 30 s after the first; with it, the node's report

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import functools
 import json
 from typing import Any
 
@@ -421,6 +422,28 @@ def test_snapshot_reads_what_a_tick_needs_in_one_call(store: Store) -> None:
     assert t.entries == {"n1": (json.dumps(NODE_INFO), 2), "gone": (None, 0)}
     assert t.window == ["w1", "w2"]
     assert sorted(t.dirty) == ["g|n1|a.com|p", "s|n1|a.com"] and r.scard(k.est_dirty) == 0
+
+
+def test_snapshot_says_when_an_input_may_have_more_than_it_read(store: Store) -> None:
+    k, r = store.keys, store.redis
+    read = functools.partial(store.snapshot, max_bytes=50, recall_age=60, node_timeout=30, window=0, nodes=[])
+    r.lpush(k.sleeping, "a" * 10, "b" * 10, "c" * 10)
+    assert read(batch=3).more and not read(batch=4).more  # as many entries as a tick reads: more may wait
+    assert read(batch=10, budget=15).more  # stopped by the bytes a list may return
+    assert not read(batch=10, budget=31).more
+    r.delete(k.sleeping)
+    r.lpush(k.failed, "x" * 100)  # over max_bytes: counted as the bytes returned of it (show_bytes)
+    assert read(batch=10, show_bytes=20, budget=20).more and not read(batch=10, show_bytes=20, budget=21).more
+
+
+def test_a_tick_that_read_a_full_batch_says_so_and_the_next_reads_the_rest(store: Store) -> None:
+    inject(store, *({"name": f"p{i}", "sites": ["a.com"]} for i in range(3)))
+    control = Control(store, splitter=splitter, allocation=SharedAllocation(), modification=FixedModification(3, 20.0),
+                      recall=DynamicRecall(threshold=30, max_recalls=3), control_id="c1", batch=2)
+    first = control.tick()
+    assert (first.split, first.behind) == (2, True)
+    second = control.tick()
+    assert (second.split, second.behind) == (1, False)
 
 
 def test_a_node_that_joins_fills_its_slots_in_its_first_tick(store: Store) -> None:

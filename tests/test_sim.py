@@ -642,6 +642,28 @@ def test_a_control_whose_ticks_take_time_ticks_less_often_and_reads_a_batch_at_a
     assert len(slow.ticks) < len(free.ticks) / 2
 
 
+def test_a_tick_that_read_a_full_batch_is_followed_at_once_by_the_next() -> None:
+    """Long ticks, no wake, a batch smaller than a tick's reports: a tick that read a full batch is followed by the
+    next as soon as it ends (ControlExtension: more may wait), until one reads less; the reports never pile up.
+    Before 2026-12-06 the rest waited for the next interval, and a cluster finishing more than a batch a tick fell
+    further behind with every tick."""
+    world = generate("specialists", nodes=40, sites=6, duration=60, seed=3)
+    allocation, modification, recall = CONFIGS["bandit"](3)
+    sim = Timed(world, world.nodes, _tasks(world.sites, 8, 3), allocation=allocation, modification=modification,
+                recall=recall, duration=60, seed=3, tick=20, wake=0.0, batch=3,
+                control=ControlModel(base=0.25, per_entry=0.001))
+    sim.run()
+    ticks = sim.ticks
+    full = [i for i, (*_, read) in enumerate(ticks[:-1]) if read == 3]
+    assert len(full) > 10
+    for i in full:
+        start, cost, _ = ticks[i]
+        assert ticks[i + 1][0] == pytest.approx(start + cost), "a full batch's tick waited for the interval"
+    # caught up: each interval's burst of ticks ended with one that read less than a batch (nothing carried over)
+    on_grid = [i for i, (start, *_) in enumerate(ticks) if start % 20 == 0 and i > 0]
+    assert on_grid and all(ticks[i - 1][2] < 3 for i in on_grid)
+
+
 def test_waiting_offers_a_requeued_subtask_once() -> None:
     """A subtask requeued while an old entry of it is still in the waiting heap (allocated in the tick that made
     it, recalled later): the heap never compares the two records, and the window offers the current one once."""

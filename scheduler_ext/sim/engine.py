@@ -225,6 +225,7 @@ class Simulation:
         self._ticked = -math.inf  # when the last tick ended (its decisions applied)
         self.control = control or ControlModel()
         self._held = 0  # subtasks of the last window waiting out their retry delay (control.backing_off)
+        self._behind = False  # the last tick read a full batch of reports or failures: the next starts at once
         self.batch = batch  # reports, failures and lost subtasks read a tick at most (SCHEDEXT_TICK_BATCH)
         # the decisions of the tick in progress and the window it took, applied at its end
         self._pending: tuple[list[Decision], list[tuple[float, int, int, Subtask]]] = ([], [])
@@ -404,6 +405,7 @@ class Simulation:
         while self.lost and self.lost[0][0] <= self.now and len(stale) < batch:
             _, st = self.lost.pop(0)
             stale.append((st.id, st.to_json()))
+        self._behind = len(reports) >= batch or len(failures) >= batch  # as the control: TickRead.more
         window = self._window(size)
         # as the control: read as many more ids next tick as this window holds subtasks waiting out a retry delay
         self._held = min(self.batch, sum(backing_off(self.strategies.recall, e[3], self.now) for e in window))
@@ -429,7 +431,10 @@ class Simulation:
         for entry in window:
             if self.subtasks.get(entry[3].id) is entry[3]:
                 heapq.heappush(self.waiting, entry)
-        if self.reports:  # more than a batch waited: the leader finds the rest waiting at once
+        if self._behind:  # the tick read a full batch: the control ticks again at once (ControlExtension._ticked)
+            self._behind = False
+            self._at(self.now, "wake")
+        elif self.reports:  # the leader, waiting on its reports, finds them there at once
             self._wake()
 
     def _snapshot(self, reports: list[Report], failures: list[Report], stale: list[tuple[str, str | None]],
