@@ -45,7 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from scheduler_ext.defaults import DEFAULTS  # noqa: E402
 from scheduler_ext.sim import Simulation, TaskSpec  # noqa: E402
 from scheduler_ext.sim.bound import SiteWork, best_possible  # noqa: E402
-from scheduler_ext.sim.configs import CONFIGS  # noqa: E402
+from scheduler_ext.sim.configs import CONFIGS, PATIENCE, RECALL_AGE  # noqa: E402
 from scheduler_ext.sim.engine import NodeModel  # noqa: E402
 from scheduler_ext.sim.families import FAMILIES, GeneratedWorld, generate  # noqa: E402
 
@@ -122,17 +122,18 @@ class _Timed:
             self.seconds += time.process_time() - started
 
 
-def scale_run(name: str, duration: float, delay: float = 0.0, wake: float = 0.1) -> dict[str, Any]:
+def scale_run(name: str, duration: float, delay: float = 0.0, wake: float = 0.1, tick: float = 1.0,
+              batch: int = 500, recall_age: float = RECALL_AGE, patience: float = PATIENCE) -> dict[str, Any]:
     world = generate("specialists", nodes=1000, sites=200, duration=duration, seed=0)
     rng = random.Random(0)
     tasks = (TaskSpec(f"p{p}", s, rng.randint(3000, 30000)) for p in range(10_000) for s in world.sites)
-    allocation, modification, recall = CONFIGS[name](0)
+    allocation, modification, recall = CONFIGS[name](0, recall_age=recall_age, patience=patience)
     timed = _Timed(allocation)
     # CPU time of this process (the machine is shared: wall time there measures the neighbours), at each sample
     walls: list[float] = []
     sim = Simulation(world, world.nodes, tasks, allocation=timed, modification=modification, recall=recall,
-                     duration=duration, tick=1.0, wake=wake, seed=0, pair_samples=False, sample_interval=duration / 20,
-                     on_sample=lambda s: walls.append(time.process_time()), model=NodeModel(delay=delay))
+                     duration=duration, tick=tick, wake=wake, seed=0, pair_samples=False, sample_interval=duration / 20,
+                     on_sample=lambda s: walls.append(time.process_time()), model=NodeModel(delay=delay), batch=batch)
     started, started_wall = time.process_time(), time.monotonic()
     raw = sim.run()
     wall = time.process_time() - started
@@ -145,7 +146,7 @@ def scale_run(name: str, duration: float, delay: float = 0.0, wake: float = 0.1)
              "items_per_second": round((b["items"] - a["items"]) / max(1e-9, b["t"] - a["t"]), 1)}
             for a, b, w0, w1 in zip(samples, samples[1:], walls, walls[1:], strict=False)]
     out = {"configuration": name, "nodes": 1000, "sites": 200, "products": 10_000, "download_delay": delay,
-           "wake": wake, "pace": pace,
+           "wake": wake, "tick": tick, "batch": batch, "recall_age": recall_age, "patience": patience, "pace": pace,
            "simulated_seconds": duration,
            "cpu_seconds": round(wall, 1), "wall_seconds": round(time.monotonic() - started_wall, 1),
            "allocation_seconds": round(timed.seconds, 1),
@@ -165,7 +166,8 @@ def scale_run(name: str, duration: float, delay: float = 0.0, wake: float = 0.1)
 
 
 def scale(args: argparse.Namespace) -> list[dict[str, Any]]:
-    return [scale_run(name, args.scale_duration, args.scale_delay, args.scale_wake)
+    return [scale_run(name, args.scale_duration, args.scale_delay, args.scale_wake, args.scale_tick, args.scale_batch,
+                      args.scale_recall_age, args.scale_patience)
             for name in args.scale_configs.split(",")]
 
 
@@ -188,6 +190,12 @@ def main() -> None:
     p.add_argument("--scale-wake", type=float, default=0.1,
                    help="seconds after a tick before a report wakes the next one in the scale runs "
                         "(SCHEDEXT_TICK_WAKE)")
+    p.add_argument("--scale-tick", type=float, default=1.0, help="SCHEDEXT_TICK_INTERVAL of the scale runs (seconds)")
+    p.add_argument("--scale-batch", type=int, default=500, help="SCHEDEXT_TICK_BATCH of the scale runs")
+    p.add_argument("--scale-recall-age", type=float, default=RECALL_AGE,
+                   help="SCHEDEXT_RECALL_THRESHOLD of the scale runs (default: the experiment's)")
+    p.add_argument("--scale-patience", type=float, default=PATIENCE,
+                   help="SCHEDEXT_PATIENCE of the scale runs (default: the experiment's)")
     p.add_argument("--out", type=Path, default=Path("benchmarks/results/bench_quality.json"))
     args = p.parse_args()
     families = FAMILIES if args.families == "all" else () if args.families == "none" \
