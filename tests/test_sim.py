@@ -385,6 +385,7 @@ def test_the_experiment_simulates_the_nodes_concurrency_and_delay(tmp_path: Path
     assert result.returncode == 0, result.stderr[-3000:]
     summary = json.loads((out / "summary.json").read_text(encoding="utf-8"))
     assert summary["best_possible"]["model"]["delay"] == 0.5 and summary["best_possible"]["model"]["concurrency"] == 4
+    assert summary["distribution"]["bandit"]["vs_best"]["n"] == 3  # a simulated experiment: three seeds by default
     raw = json.loads((out / "raw" / "bandit.json").read_text(encoding="utf-8"))
     assert all(c["requests"] <= 81 for c in raw["web"]["by_address"].values()), raw["web"]["by_address"]
 
@@ -800,6 +801,18 @@ def test_a_busy_nodes_pair_that_turns_good_with_nothing_else_changing_is_found(t
         assert [p[:3] for p in summary["good_pairs"]["pairs"]] == [["node2", "cca.org.cn", 60.0]]
         delays += summary["good_pairs"]["delays"]["dynamic"]
     assert None not in delays and max(delays) <= 15.0, delays
+
+
+def test_a_goal_shows_the_seeds_beside_the_first_seeds_ratio() -> None:
+    from product_crawl.experiment.report import goal_lines
+
+    q = {"min": 0.47, "p10": 0.47, "median": 1.39, "p90": 1.45, "max": 1.45, "n": 3}
+    summary = {"ratios": {"dynamic_vs_shared": 0.47}, "goals": {"dynamic_vs_shared>=1.5": False},
+               "distribution": {"dynamic": {"vs_shared": q}}}
+    assert goal_lines(summary) == [
+        "dynamic_vs_shared>=1.5: NOT reached (dynamic / shared = 0.47; over 3 seeds median 1.39, min 0.47)"]
+    summary["distribution"] = None  # one seed
+    assert goal_lines(summary) == ["dynamic_vs_shared>=1.5: NOT reached (dynamic / shared = 0.47)"]
 
 
 def test_experiment_sim_refuses_repeat_without_sim(tmp_path: Path) -> None:

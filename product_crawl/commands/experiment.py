@@ -2,7 +2,7 @@
 
     scrapy experiment [--profile paper|FILE] [--duration SECONDS] [--strategies LIST] [--ablations] [--seed N]
                       [--out DIR] [--nodes N] [--set NAME=VALUE ...]
-                      [--sim [--repeat N] [--products N] [--profile generated:FAMILY [--sites N]]]
+                      [--sim [--repeat N (default 3)] [--products N] [--profile generated:FAMILY [--sites N]]]
 
 Runs each configuration in turn on a fresh local cluster for the same wall time and writes ``DIR/summary.json``,
 ``DIR/report.html`` and its PNG plots; prints a progress line on stderr while it runs and a table at the end.
@@ -21,7 +21,7 @@ from scrapy.commands import ScrapyCommand
 
 from product_crawl.commands._base import write_error, write_line
 from product_crawl.experiment import CONFIGURATIONS, DEFAULT_CONFIGURATIONS, ExperimentError, make_options
-from product_crawl.experiment.runner import MIN_DURATION, parse_overrides
+from product_crawl.experiment.runner import MIN_DURATION, SIM_REPEAT, parse_overrides
 from product_crawl.experiment.sim import PROFILE_FAMILIES
 
 
@@ -65,8 +65,9 @@ class Command(ScrapyCommand):
                                  "SCHEDEXT_RATE_FLOOR=0.8 (repeatable)")
         parser.add_argument("--sim", action="store_true",
                             help="run the configurations on the cluster simulator (no services, no processes)")
-        parser.add_argument("--repeat", type=int, default=1, metavar="N",
-                            help="with --sim: runs per configuration (seeds SEED..SEED+N-1), for ratio distributions")
+        parser.add_argument("--repeat", type=int, default=None, metavar="N",
+                            help="with --sim: runs per configuration (seeds SEED..SEED+N-1), for ratio distributions "
+                                 f"(default: {SIM_REPEAT} with --sim, 1 otherwise)")
         parser.add_argument("--products", type=int, default=None, metavar="N",
                             help="with --sim: N products searched on every site (the paper's four, then 'product 5' "
                                  "..; default: the paper's four)")
@@ -94,7 +95,9 @@ class Command(ScrapyCommand):
             options = make_options(profile=opts.simweb_profile, duration=opts.duration, strategies=opts.strategies,
                                    ablations=opts.ablations, seed=opts.seed, out=opts.out, nodes=opts.nodes,
                                    overrides=parse_overrides(opts.overrides), prefix=opts.prefix,
-                                   database=opts.database, sim=opts.sim, repeat=opts.repeat, products=opts.products,
+                                   database=opts.database, sim=opts.sim,
+                                   repeat=opts.repeat if opts.repeat is not None else SIM_REPEAT if opts.sim else 1,
+                                   products=opts.products,
                                    sites=opts.sites, machine_seconds=opts.machine_seconds)
         except ExperimentError as exc:
             write_error(str(exc))

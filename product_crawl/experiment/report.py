@@ -190,6 +190,10 @@ def goal_lines(summary: dict[str, Any]) -> list[str]:
         else:
             dyn = summary["runs"].get("dynamic", {}).get("nodes", {})
             detail = "late pages on suited sites: " + _listed({n: v["suited_share"] for n, v in dyn.items()})
+        ratio = goal.split(">=")[0].removeprefix("dynamic_")  # vs_shared, vs_oracle, ...
+        q = ((summary.get("distribution") or {}).get("dynamic") or {}).get(ratio)
+        if q:  # the goal is judged on the first seed, whose run the tables show; the others beside it
+            detail += f"; over {q['n']} seeds median {_num(q['median'])}, min {_num(q['min'])}"
         lines.append(f"{goal}: {state} ({detail})")
     return lines
 
@@ -325,7 +329,10 @@ def write_html(summary: dict[str, Any], out: Path, images: list[str]) -> Path:
                      else f"an item: {m['source']}). ")
                   + ("Simulated runs (scheduler_ext.sim)." if summary.get("simulated") else "Real processes."))
     dhead, drows = distribution_rows(summary)
-    dist = f"<h2>Ratio distribution over simulated seeds</h2>{tab(dhead, drows)}" if drows else ""
+    dist = f"<h2>Ratio distribution over simulated seeds</h2>{tab(dhead, drows)}" if drows else (
+        "<h2>Ratio distribution over simulated seeds</h2><p>One seed: <code>--repeat N</code> (N &gt; 1) runs each "
+        "configuration on N seeds and shows the distribution of its ratios here.</p>" if summary.get("simulated")
+        else "")
     ghead, grows = good_pair_rows(summary)
     dist += (f"<h2>Pairs the best schedule needs: seconds from turning good to first use</h2>{tab(ghead, grows)}"
              if grows else "")

@@ -94,6 +94,7 @@ PRODUCTS: tuple[dict[str, str], ...] = (
 )
 
 MIN_DURATION = 20.0  # seconds; below this the nodes barely start, and no estimate rests on data
+SIM_REPEAT = 3  # seeds a simulated experiment runs unless --repeat says otherwise: a distribution, not one number
 MACHINE_SECONDS = 10.0  # each of the two windows measuring the machine (product_crawl.experiment.machine)
 MAX_MACHINE_SECONDS = 120.0
 STARTUP_TIMEOUT = 90.0  # seconds the nodes get to start and heartbeat (Scrapy start-up on a busy 2-core box)
