@@ -1047,7 +1047,8 @@ class Control:
         with _collector_paused():
             snapshot = self.read()
             result = self.apply(decide(snapshot, self.strategies, snapshot.now))
-        result.behind = self._behind
+        # More may wait, and this tick took some of it (entries that keep being refused must not spin the loop)
+        result.behind = self._behind and bool(result.split or result.reports or result.recalled or result.dead)
         return result
 
     def forget(self) -> None:

@@ -444,6 +444,12 @@ def test_a_tick_that_read_a_full_batch_says_so_and_the_next_reads_the_rest(store
     assert (first.split, first.behind) == (2, True)
     second = control.tick()
     assert (second.split, second.behind) == (1, False)
+    # A full batch none of which could be taken (every guard lost to another control, as if it always got there
+    # first): the entries are still there, and ticking again at once would spin; the interval decides.
+    inject(store, *({"name": f"q{i}", "sites": ["a.com"]} for i in range(3)))
+    store.commit_many = lambda pairs: [False] * len(pairs)  # type: ignore[method-assign]
+    refused = control.tick()
+    assert refused.refused >= 2 and refused.split == 0 and not refused.behind
 
 
 def test_a_node_that_joins_fills_its_slots_in_its_first_tick(store: Store) -> None:
