@@ -288,7 +288,8 @@ class Store:
             return [(flat[i], int(flat[i + 1]), flat[i + 2]) for i in range(0, len(flat), 3)]
 
         def full(entries: list[tuple[str, int, str]]) -> bool:
-            """As long as the script reads a list: ``batch`` entries, or ``budget`` bytes (a cut one: ``show_bytes``)."""
+            """As long as the script reads a list: ``batch`` entries, or ``budget`` bytes (a cut one counts
+            ``show_bytes``)."""
             return len(entries) >= batch or sum(show_bytes if sha1 else size for _, size, sha1 in entries) >= budget
 
         inputs = [listed(virtual), listed(sleeping), listed(failed)]

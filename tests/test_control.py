@@ -6,8 +6,8 @@ Nodes are played by the store's own node operations (take, finish, heartbeat), s
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import functools
+import hashlib
 import json
 from typing import Any
 
