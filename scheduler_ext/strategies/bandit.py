@@ -35,8 +35,8 @@ Per tick, over the window of waiting subtasks the control passes (priority order
    candidate has data on, any draw: the prior's rate there says nothing). Explorations go first, the best draw per
    page of budget first (:func:`_per_page`), each costing its pages of the budget times what its node or its
    subtask forgoes (above); a site no candidate has data on needs no budget (there is nothing to exploit). One
-   exploration per pair is in flight at a time: until the pair's run reports blank, until a run of it reported :data:`EXPLORE_REST`
-   seconds ago, or for the recall age (:meth:`BanditAllocation._in_flight`). A pair last run before the site's latest
+   exploration per pair is in flight at a time: until the pair's run reports blank, until a run of it reported
+   :data:`EXPLORE_REST` seconds ago, or for the recall age (:meth:`BanditAllocation._in_flight`). A pair last run before the site's latest
    change of treatment (any node's ``Sums.cp``) is drawn from the prior, as untried; so is any pair, with probability
    ``1 - exp(-H)`` for ``H`` the cluster's changes per pair since it was last seen (:class:`ChangeHazard`: a change
    counts once the pair's next run confirms it, a pair surely good that turned bad at once, taken back if its next
