@@ -29,25 +29,25 @@ Per tick, over the window of waiting subtasks the control passes (priority order
 3. Exploit: a free candidate whose expected rate is at least ``SCHEDEXT_RATE_FLOOR`` of the best expected rate
    (late binding, as in the paper's strategy); after ``SCHEDEXT_PATIENCE`` seconds of waiting, any candidate.
 4. Explore: up to ``EXPLORE_SAMPLE`` free candidates are drawn; one whose Thompson draw is above the site's floor and
-   beats every expected rate the node has on the window's sites (what it is given otherwise), and that step 3 would
-   not pick (unless the pair's only runs were blank, or it is passed over: eligible, but below the floor of what its
-   node has, so that nothing renews its evidence, and not run for :data:`PROBE_AGE`), is an exploration (on a site no
-   candidate has data on, any draw: the prior's rate there says nothing). Explorations go first, the best draw per
-   page of budget first (:func:`_per_page`), each costing its pages of the budget times what its node or its
-   subtask forgoes (above); a site no candidate has data on needs no budget (there is nothing to exploit). One
-   exploration per pair is in flight at a time: until the pair's run reports blank, until a run of it reported
-   :data:`EXPLORE_REST` seconds ago, or for the recall age (:meth:`BanditAllocation._in_flight`). A pair last run before the site's latest
-   change of treatment (any node's ``Sums.cp``) is drawn from the prior, as untried; so is any pair, with probability
-   ``1 - exp(-H)`` for ``H`` the cluster's changes per pair since it was last seen (:class:`ChangeHazard`: a change
-   counts once the pair's next run confirms it, a pair surely good that turned bad at once, taken back if its next
-   run does not confirm it); a subtask that failed already explores only if no candidate is known to collect
-   anything. Such a re-opened pair may also be explored once the budget is out, on what the changes found grant: each
-   confirmed change, as many explorations as the changes it stands for among the cluster's pairs
-   (:meth:`ChangeHazard.change`). A pair not run for :data:`PROBE_AGE` seconds is drawn as untried, and a draw that
-   beats what its node has (in the window, or was given lately) sends a probe of :data:`PROBE_PAGES` page instead: a
-   pair nobody runs can turn good with nothing to show it. A node with work queued probes once per probe page
-   earned (:data:`BUSY_PROBE_SHARE` of the pages it is given), outside the budget. A probe that collected half its
-   page re-opens its pair at once (:meth:`BanditAllocation._watch`).
+   beats every expected rate the node has on the window's sites (what it is given otherwise), and that step 3 would not
+   pick (unless the pair's only runs were blank, or it is passed over: eligible, but below the floor of what its node
+   has, so that nothing renews its evidence, and not run for :data:`PROBE_AGE`), is an exploration (on a site no
+   candidate has data on, any draw: the prior's rate there says nothing). Explorations go first, the best draw per page
+   of budget first (:func:`_per_page`), each costing its pages of the budget times what its node or its subtask forgoes
+   (above); a site no candidate has data on needs no budget (there is nothing to exploit). One exploration per pair is
+   in flight at a time: until the pair's run reports blank, until a run of it reported :data:`EXPLORE_REST` seconds ago,
+   or for the recall age (:meth:`BanditAllocation._in_flight`). A pair last run before the site's latest change of
+   treatment (any node's ``Sums.cp``) is drawn from the prior, as untried; so is any pair, with probability ``1 -
+   exp(-H)`` for ``H`` the cluster's changes per pair since it was last seen (:class:`ChangeHazard`: a change counts
+   once the pair's next run confirms it, a pair surely good that turned bad at once, taken back if its next run does not
+   confirm it); a subtask that failed already explores only if no candidate is known to collect anything. Such a
+   re-opened pair may also be explored once the budget is out, on what the changes found grant: each confirmed change,
+   as many explorations as the changes it stands for among the cluster's pairs (:meth:`ChangeHazard.change`). A pair not
+   run for :data:`PROBE_AGE` seconds is drawn as untried, and a draw that beats what its node has (in the window, or was
+   given lately) sends a probe of :data:`PROBE_PAGES` page instead: a pair nobody runs can turn good with nothing to
+   show it. A node with work queued probes once per probe page earned (:data:`BUSY_PROBE_SHARE` of the pages it is
+   given), outside the budget. A probe that collected half its page re-opens its pair at once
+   (:meth:`BanditAllocation._watch`).
 5. Matching: explorations (of pairs never run first, then of re-opened pairs and probes, each best draw per page
    of budget first),
    then the exploit pairs as the dynamic allocation matches them (aged subtasks first,
