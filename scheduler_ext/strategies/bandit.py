@@ -841,29 +841,33 @@ class BanditAllocation(Allocation):
                 hit = changes[site] = (sums, self._summary(site).cp.value(sums) or 0.0)
             return hit[1]
 
-        claims: dict[int, list[float]] = {}  # id(site) -> [its free eligible slots not claimed, their best rate]
+        # id(site) -> [the next row of its ranking to claim from, the free slots left at the row before it, the
+        # floor (as -rate), the best free eligible rate over top]
+        claims: dict[int, list[Any]] = {}
 
         def claimed(site: _Site) -> float:
             """What the next subtask of ``site`` in the window forgoes if explored, over ``top``: the rate of the
             site's best free node rated at least the floor of its best while the window's subtasks before it have
             not claimed every such slot (it would be exploited now: where work is scarce, an exploration takes a
-            good node's work), else nothing (it would wait: the exploring node's time is the whole cost)."""
+            good node's work), else nothing (it would wait: the exploring node's time is the whole cost). The
+            ranking's rows are walked as the slots are claimed: O(the site's subtasks + the full rows passed)."""
+            rows = site.ranking.by_rate
             claim = claims.get(id(site))
             if claim is None:
-                rows, slots, rate = site.ranking.by_rate, 0, 0.0
-                if rows and rows[0][0] < 0:
-                    cut = self.rate_floor * rows[0][0]
-                    for minus_rate, _, nid in rows:
-                        if minus_rate > cut:
-                            break
-                        if free.get(nid, 0) > 0:
-                            slots += free[nid]
-                            rate = rate or -minus_rate
-                claim = claims[id(site)] = [float(slots), rate / top if top > 0 else 0.0]
-            if claim[0] <= 0:
-                return 0.0
-            claim[0] -= 1
-            return claim[1]
+                known = bool(rows) and rows[0][0] < 0  # some node collects there: else nothing is exploited
+                claim = claims[id(site)] = [0 if known else len(rows), 0, self.rate_floor * rows[0][0] if known
+                                            else 0.0, 0.0]
+            i, left, cut, rate = claim
+            while left <= 0:
+                if i >= len(rows) or rows[i][0] > cut:
+                    claim[0], claim[1] = i, 0
+                    return 0.0
+                left = free.get(rows[i][2], 0)
+                if left > 0 and not rate:
+                    rate = -rows[i][0] / top if top > 0 else 0.0
+                i += 1
+            claim[:] = [i, left - 1, cut, rate]
+            return rate
 
         assert self.credit is not None
         drawn: set[str] = set()  # the sites a subtask of which was drawn for in this call
