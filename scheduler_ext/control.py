@@ -348,6 +348,7 @@ class Snapshot:
     # The simulator's object path: the subtask and task records of the writes are the objects themselves, not
     # their JSON (nothing crosses Redis there); the decisions are the same. The control never sets it.
     objects: bool = False
+    more: bool = False  # an input came back as long as a tick reads it (TickRead.more): more of it may wait
 
 
 @dataclass
@@ -1007,7 +1008,6 @@ class Control:
         self._slots: dict[str, int] = {}  # last tick's live nodes -> crawl-queue slots (what the next one asks)
         self._free = 0  # last tick's free slots
         self._held = 0  # subtasks of last tick's window waiting out their retry delay: read as many more ids
-        self._behind = False  # the last read took a full batch of an input (TickRead.more)
         self._registry: dict[str, tuple[str | None, NodeView | None, int]] = {}  # node -> entry, view, slots
         self.now = 0.0  # Redis time at the start of the current tick
         self.is_leader = False
@@ -1048,7 +1048,7 @@ class Control:
             snapshot = self.read()
             result = self.apply(decide(snapshot, self.strategies, snapshot.now))
         # More may wait, and this tick took some of it (entries that keep being refused must not spin the loop)
-        result.behind = self._behind and bool(result.split or result.reports or result.recalled or result.dead)
+        result.behind = snapshot.more and bool(result.split or result.reports or result.recalled or result.dead)
         return result
 
     def forget(self) -> None:
@@ -1082,9 +1082,8 @@ class Control:
         asked = self.strategies.window(guess) + self._held if slots else 0
         t = store.snapshot(batch=batch, max_bytes=self.max_entry_bytes, recall_age=self.recall_age,
                            node_timeout=self.node_timeout, window=asked, nodes=list(slots))
-        self._behind = t.more
         now = self.now = t.now  # one Redis time per tick: the time stamps of its decisions
-        snap = Snapshot(keys=k, now=now, estimates=self.estimates, ids=self._ids,
+        snap = Snapshot(keys=k, now=now, estimates=self.estimates, ids=self._ids, more=t.more,
                         virtual=[Entry(k.virtual, *e) for e in t.virtual],
                         reports=[Entry(k.sleeping, *e) for e in t.sleeping],
                         failures=[Entry(k.failed, *e) for e in t.failed])
