@@ -15,7 +15,9 @@ import json
 import multiprocessing
 import os
 import random
+import signal
 import statistics
+import time
 import weakref
 from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
@@ -840,8 +842,66 @@ def test_experiment_sim_runs_a_generated_cluster_with_many_products(tmp_path: Pa
     assert "Ratio distribution over simulated seeds" in report.read_text(encoding="utf-8")
 
 
+def test_experiment_sim_runs_its_runs_in_parallel_processes_with_the_same_records(tmp_path: Path) -> None:
+    """--jobs 2: the configurations' seeds run in forked processes, two at a time, and give exactly the records of
+    one run at a time (a run depends on its configuration and seed only)."""
+    from product_crawl.experiment import make_options
+    from product_crawl.experiment.sim import simulate_all
+
+    opts = make_options(profile="generated:unlucky", nodes=8, sites=4, products=3, duration=20, sim=True, repeat=2,
+                        strategies="dynamic,shared", out=tmp_path / "x")
+    one: set[int] = set()
+    two: set[int] = set()
+    alone = simulate_all(opts, jobs=1, progress=Progress(io.StringIO()), processes=one)
+    shown = io.StringIO()
+    parallel = simulate_all(opts, jobs=2, progress=Progress(shown), processes=two)
+    assert one == {os.getpid()}
+    assert len(two) >= 2 and os.getpid() not in two  # forked, more than one at a time (a process per run)
+    assert json.dumps(parallel, sort_keys=True) == json.dumps(alone, sort_keys=True)
+    assert [r["samples"][-1]["items"] for r in parallel["dynamic"]] == [r["samples"][-1]["items"]
+                                                                        for r in alone["dynamic"]]
+    done = [line for line in shown.getvalue().replace("\r", "\n").splitlines() if "simulated 20 s in" in line]
+    assert len(done) == 4  # each run's last line, relayed by the parent
+
+
+def _failing_run(name: str, opts: Any, *, seed: int, **kwargs: Any) -> dict[str, Any]:
+    if seed == 1:
+        raise RuntimeError("a strategy's bug")
+    time.sleep(60)  # the other run: stopped when its peer fails
+    return {}
+
+
+def _killed_run(name: str, opts: Any, *, seed: int, **kwargs: Any) -> dict[str, Any]:
+    os.kill(os.getpid(), signal.SIGKILL)  # the out-of-memory killer, say
+    return {}
+
+
+@pytest.mark.parametrize(("run", "message"), [
+    (_failing_run, "simulated run dynamic 1/1 seed 1 failed:"),
+    (_killed_run, "its process ended with exit code -9 (killed? out of memory?) before it sent its record"),
+])
+def test_a_parallel_simulated_run_that_fails_stops_the_others_and_names_itself(
+        run: Any, message: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from product_crawl.experiment import ExperimentError, make_options
+    from product_crawl.experiment import sim as sim_module
+
+    opts = make_options(profile="paper", duration=20, sim=True, repeat=2, strategies="dynamic", out=tmp_path / "x")
+    monkeypatch.setattr(sim_module, "simulate_configuration", run)  # what the forked processes inherit
+    started = time.monotonic()
+    with pytest.raises(ExperimentError) as info:
+        sim_module.simulate_all(opts, jobs=2, progress=Progress(io.StringIO()))
+    assert message in str(info.value)
+    if run is _failing_run:
+        assert "RuntimeError: a strategy's bug" in str(info.value)  # its traceback
+    assert time.monotonic() - started < 30  # the other run was stopped, not waited for
+    assert not [p for p in multiprocessing.active_children() if p.name.startswith("sim ")]
+
+
 @pytest.mark.parametrize(("options", "message"), [
-    ({"profile": "generated:nope", "sim": True}, "--profile: unknown generated family 'nope'; expected"),
+    ({"jobs": 2}, "--jobs: expected 1, or more with --sim (a real run's configurations share the machine and its "
+                  "services, one at a time), got 2"),
+    ({"jobs": 0, "sim": True}, "--jobs: expected 1, or more with --sim"),
+
     ({"profile": "generated:churn", "sim": True}, "unknown generated family 'churn'"),
     ({"profile": "generated:drift"}, "a generated profile is for the simulator (--sim)"),
     ({"profile": "paper", "sites": 5, "sim": True}, "--sites: only with a generated profile"),

@@ -2,7 +2,8 @@
 
     scrapy experiment [--profile paper|FILE] [--duration SECONDS] [--strategies LIST] [--ablations] [--seed N]
                       [--out DIR] [--nodes N] [--set NAME=VALUE ...]
-                      [--sim [--repeat N (default 3)] [--products N] [--profile generated:FAMILY [--sites N]]]
+                      [--sim [--repeat N (default 3)] [--jobs N] [--products N]
+                             [--profile generated:FAMILY [--sites N]]]
 
 Runs each configuration in turn on a fresh local cluster for the same wall time and writes ``DIR/summary.json``,
 ``DIR/report.html`` and its PNG plots; prints a progress line on stderr while it runs and a table at the end.
@@ -22,7 +23,7 @@ from scrapy.commands import ScrapyCommand
 from product_crawl.commands._base import write_error, write_line
 from product_crawl.experiment import CONFIGURATIONS, DEFAULT_CONFIGURATIONS, ExperimentError, make_options
 from product_crawl.experiment.runner import MIN_DURATION, SIM_REPEAT, parse_overrides
-from product_crawl.experiment.sim import PROFILE_FAMILIES
+from product_crawl.experiment.sim import PROFILE_FAMILIES, usable_cores
 
 
 class Command(ScrapyCommand):
@@ -33,7 +34,7 @@ class Command(ScrapyCommand):
     def syntax(self) -> str:
         return ("[--profile paper|FILE] [--duration SECONDS] [--strategies LIST] [--ablations] [--seed N] [--out DIR] "
                 "[--machine-seconds SECONDS] "
-                "[--sim [--repeat N] [--products N] [--profile generated:FAMILY [--sites N]]]")
+                "[--sim [--repeat N] [--jobs N] [--products N] [--profile generated:FAMILY [--sites N]]]")
 
     def short_desc(self) -> str:
         return "Compare dynamic scheduling with its baselines on the simulated web (Figures 4 and 5)"
@@ -68,6 +69,9 @@ class Command(ScrapyCommand):
         parser.add_argument("--repeat", type=int, default=None, metavar="N",
                             help="with --sim: runs per configuration (seeds SEED..SEED+N-1), for ratio distributions "
                                  f"(default: {SIM_REPEAT} with --sim, 1 otherwise)")
+        parser.add_argument("--jobs", type=int, default=None, metavar="N",
+                            help="with --sim: runs at once, each in a process of its own (default: the cores this "
+                                 "process may use, at most the runs)")
         parser.add_argument("--products", type=int, default=None, metavar="N",
                             help="with --sim: N products searched on every site (the paper's four, then 'product 5' "
                                  "..; default: the paper's four)")
@@ -98,7 +102,8 @@ class Command(ScrapyCommand):
                                    database=opts.database, sim=opts.sim,
                                    repeat=opts.repeat if opts.repeat is not None else SIM_REPEAT if opts.sim else 1,
                                    products=opts.products,
-                                   sites=opts.sites, machine_seconds=opts.machine_seconds)
+                                   sites=opts.sites, machine_seconds=opts.machine_seconds,
+                                   jobs=opts.jobs if opts.jobs is not None else usable_cores() if opts.sim else 1)
         except ExperimentError as exc:
             write_error(str(exc))
             self.exitcode = 2
@@ -107,7 +112,7 @@ class Command(ScrapyCommand):
             write_line(f"experiment (simulated): {', '.join(options.configurations)} on profile "
                        f"{options.profile.name!r}, {options.duration:.0f} s each, {len(options.nodes)} nodes x "
                        f"{len(options.sites)} sites x {len(options.products)} products, {options.repeat} seed(s) "
-                       f"from {options.seed}; output in {options.out}")
+                       f"from {options.seed}, {options.jobs} at once; output in {options.out}")
             summary, report = run_experiment(options)
             self._print(summary, options, report)
             return

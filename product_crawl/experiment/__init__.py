@@ -32,8 +32,8 @@ def run_experiment(opts: Options, *, redis_url: str = "", mongo_uri: str = "", p
     """Run every configuration of ``opts``; write summary.json, the plots and report.html into ``opts.out``.
 
     Real processes (``redis_url``, ``mongo_uri``), or the cluster simulator if ``opts.sim`` (no services; each
-    configuration ``opts.repeat`` times). Returns the summary and the report's path. The raw samples of each run
-    (the first seed's, simulated) are kept in ``raw/<name>.json``.
+    configuration ``opts.repeat`` times, ``opts.jobs`` runs at once). Returns the summary and the report's path.
+    The raw samples of each run (the first seed's, simulated) are kept in ``raw/<name>.json``.
     """
     from product_crawl.experiment.machine import (
         Costs,
@@ -44,7 +44,7 @@ def run_experiment(opts: Options, *, redis_url: str = "", mongo_uri: str = "", p
         measure,
     )
     from product_crawl.experiment.report import write_html, write_plots
-    from product_crawl.experiment.sim import simulate_configuration
+    from product_crawl.experiment.sim import simulate_all
     from product_crawl.experiment.summary import summarize
 
     opts.out.mkdir(parents=True, exist_ok=True)
@@ -74,17 +74,14 @@ def run_experiment(opts: Options, *, redis_url: str = "", mongo_uri: str = "", p
     latency = bound_latency(opts.profile, [n.address for n in opts.nodes], opts.sites)
     if measuring:
         measure_machine("before")
+    simulated = simulate_all(opts, totals, jobs=opts.jobs, progress=progress) if opts.sim else {}
     for i, name in enumerate(opts.configurations, 1):
-        label = f"{name} {i}/{len(opts.configurations)}"
         if opts.sim:
-            runs = [simulate_configuration(name, opts, seed=opts.seed + k, progress=progress or Progress(),
-                                           label=f"{label} seed {opts.seed + k}", totals=totals)
-                    for k in range(opts.repeat)]
-            raw = runs[0]
-            repeats[name] = [r["samples"][-1]["items"] for r in runs]
+            raw = simulated[name][0]
+            repeats[name] = [r["samples"][-1]["items"] for r in simulated[name]]
         else:
             raw = run_configuration(name, opts, redis_url=redis_url, mongo_uri=mongo_uri, progress=progress,
-                                    label=label)
+                                    label=f"{name} {i}/{len(opts.configurations)}")
         raws[name] = raw
         (opts.out / "raw" / f"{name}.json").write_text(json.dumps(raw, ensure_ascii=False), encoding="utf-8")
     machine: dict[str, Any] | None = None

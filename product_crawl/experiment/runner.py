@@ -127,6 +127,7 @@ class Options:
     # A real run: seconds of each window measuring the machine before the configurations (0: the recorded figures
     # of benchmarks/results/bench_machine.json); docs/experiment.md, "vs best".
     machine_seconds: float = 0.0
+    jobs: int = 1  # simulated runs at once, each in a process of its own (a real run's share the machine: one)
 
 
 def parse_configurations(spec: str, ablations: bool = False) -> list[str]:
@@ -238,7 +239,7 @@ def make_options(*, profile: str = "paper", duration: float = 90.0, strategies: 
                  overrides: dict[str, Any] | None = None, sample_interval: float | None = None,
                  prefix: str = "{exp}", database: str = "product_crawl_experiment", sim: bool = False,
                  repeat: int = 1, products: int | None = None, sites: int | None = None,
-                 machine_seconds: float | None = None) -> Options:
+                 machine_seconds: float | None = None, jobs: int = 1) -> Options:
     """Validate everything a run needs, before anything starts; raises :class:`ExperimentError` if bad.
 
     ``sample_interval`` defaults to 3 s, or to 1/100 of a longer simulated run (``duration / 100``);
@@ -263,6 +264,9 @@ def make_options(*, profile: str = "paper", duration: float = 90.0, strategies: 
                               f"{nodes} (the simulator takes more: --sim)")
     if repeat < 1 or (repeat > 1 and not sim):
         raise ExperimentError(f"--repeat: expected 1, or more with --sim (simulated runs are cheap), got {repeat}")
+    if jobs < 1 or (jobs > 1 and not sim):
+        raise ExperimentError(f"--jobs: expected 1, or more with --sim (a real run's configurations share the "
+                              f"machine and its services, one at a time), got {jobs}")
     if not 0.5 <= sample_interval <= duration / 4:
         raise ExperimentError(f"sample interval: expected 0.5 .. {duration / 4:g} seconds, got {sample_interval:g}")
     if machine_seconds is not None and (sim or not 0 <= machine_seconds <= MAX_MACHINE_SECONDS):
@@ -277,7 +281,7 @@ def make_options(*, profile: str = "paper", duration: float = 90.0, strategies: 
                    sites=site_list, overrides=dict(overrides or {}), sample_interval=sample_interval, prefix=prefix,
                    database=database, sim=sim, repeat=repeat,
                    products=PRODUCTS if products is None else products_for(products),
-                   machine_seconds=float(machine_seconds))
+                   machine_seconds=float(machine_seconds), jobs=jobs)
 
 
 #: The Scrapy settings a configuration's nodes (and the simulated nodes) read as numbers: name -> (kind, least).

@@ -12,8 +12,11 @@ from __future__ import annotations
 import bisect
 import functools
 import ipaddress
+import multiprocessing
 import os
+import queue as queue_module
 import time
+import traceback
 from collections.abc import Iterator
 from typing import Any
 
@@ -23,6 +26,7 @@ from product_crawl.experiment.machine import machine_processes
 from product_crawl.experiment.runner import (
     CLUSTER_SETTINGS,
     CONFIGURATIONS,
+    ExperimentError,
     Options,
     Progress,
     corpus_totals,
@@ -172,6 +176,117 @@ def simulate_configuration(name: str, opts: Options, *, model: NodeModel | None 
         progress.done(f"[{label or name}] simulated {opts.duration:.0f} s in {time.monotonic() - started:.1f} s: "
                       f"{raw['samples'][-1]['items']} unique items")
     return {"name": name, "settings": settings, **raw, "truth_corpus": [], "simulated": True}
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (its CPU affinity, else the machine's count)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not Linux
+        return max(1, os.cpu_count() or 1)
+
+
+def simulate_all(opts: Options, totals: dict[str, dict[str, int]] | None = None, *, jobs: int = 1,
+                 progress: Progress | None = None, processes: set[int] | None = None
+                 ) -> dict[str, list[dict[str, Any]]]:
+    """Every configuration of ``opts``, ``opts.repeat`` seeds each: configuration -> its runs' raw records, in seed
+    order.
+
+    ``jobs`` > 1 runs up to that many at once, each in a process of its own (forked, so nothing is pickled but the
+    record it sends back). A run depends on its configuration and seed only, so the records are the ones a run at a
+    time gives; on this 2-core machine the three seeds of four configurations take half the wall time. A run that
+    fails stops the others and raises :class:`ExperimentError` naming it. ``processes``, if given, collects the ids
+    of the processes the runs ran in."""
+    runs = [(name, opts.seed + k, f"{name} {i}/{len(opts.configurations)} seed {opts.seed + k}")
+            for i, name in enumerate(opts.configurations, 1) for k in range(opts.repeat)]
+    records: dict[tuple[str, int], dict[str, Any]] = {}
+    if jobs <= 1 or len(runs) <= 1:
+        for name, seed, label in runs:
+            records[(name, seed)] = simulate_configuration(name, opts, seed=seed, progress=progress or Progress(),
+                                                           label=label, totals=totals)
+            if processes is not None:
+                processes.add(os.getpid())
+    else:
+        _run_forked(runs, opts, totals, min(jobs, len(runs)), progress or Progress(), records, processes)
+    return {name: [records[(name, opts.seed + k)] for k in range(opts.repeat)] for name in opts.configurations}
+
+
+class _Relay(Progress):
+    """A forked run's progress: its lines go to the parent, which shows them."""
+
+    def __init__(self, channel: Any, index: int) -> None:
+        super().__init__()
+        self.channel, self.index = channel, index
+
+    def update(self, text: str) -> None:
+        self.channel.put(("line", self.index, text))
+
+    def done(self, text: str) -> None:
+        self.channel.put(("done", self.index, text))
+
+
+def _forked_run(channel: Any, index: int, name: str, seed: int, label: str, opts: Options,
+                totals: dict[str, dict[str, int]] | None) -> None:
+    """One run in a forked process: its record (or the error that stopped it) goes to the parent."""
+    try:
+        raw = simulate_configuration(name, opts, seed=seed, progress=_Relay(channel, index), label=label,
+                                     totals=totals)
+        channel.put(("record", index, (raw, os.getpid())))
+    except BaseException:  # noqa: BLE001 - whatever stops the run is reported, with its traceback
+        channel.put(("error", index, traceback.format_exc()))
+
+
+def _run_forked(runs: list[tuple[str, int, str]], opts: Options, totals: dict[str, dict[str, int]] | None,
+                jobs: int, progress: Progress, records: dict[tuple[str, int], dict[str, Any]],
+                processes: set[int] | None) -> None:
+    """:func:`simulate_all`'s runs, ``jobs`` processes at a time. The parent reads what the runs send before it
+    joins them (a large record fills the pipe), and a run whose process died without a word is an error too."""
+    ctx = multiprocessing.get_context("fork")
+    channel = ctx.Queue()
+    alive: dict[int, Any] = {}
+    lines: dict[int, str] = {}
+    following = -1  # the run whose line is shown
+    todo = list(enumerate(runs))
+    try:
+        while todo or alive:
+            while todo and len(alive) < jobs:
+                index, (name, seed, label) = todo.pop(0)
+                alive[index] = ctx.Process(target=_forked_run, args=(channel, index, name, seed, label, opts, totals),
+                                           name=f"sim {label}", daemon=True)
+                alive[index].start()
+            for index, proc in alive.items():  # a run sends its record before it ends: exit code 0 or killed
+                if proc.exitcode not in (None, 0):
+                    raise ExperimentError(f"simulated run {runs[index][2]}: its process ended with exit code "
+                                          f"{proc.exitcode} (killed? out of memory?) before it sent its record")
+            try:
+                kind, index, value = channel.get(timeout=0.5)
+            except queue_module.Empty:
+                continue
+            if kind == "line":
+                lines[index] = value
+                following = index if following not in lines else following
+                if index == following:
+                    others = len(lines) - 1
+                    progress.update(value + (f"  (+{others} running)" if others else ""))
+            elif kind == "done":
+                lines.pop(index, None)
+                following = min(lines, default=-1)
+                progress.done(value)
+            elif kind == "error":
+                raise ExperimentError(f"simulated run {runs[index][2]} failed:\n{value}")
+            else:
+                raw, pid = value
+                name, seed, _ = runs[index]
+                records[(name, seed)] = raw
+                if processes is not None:
+                    processes.add(pid)
+                alive.pop(index).join()
+    finally:
+        for proc in alive.values():  # a run holds nothing to save, and a handler it inherited may catch SIGTERM
+            proc.kill()
+        for proc in alive.values():
+            proc.join()
+        channel.close()
 
 
 def _progress(progress: Progress, label: str, opts: Options, sample: dict[str, Any]) -> None:
