@@ -404,9 +404,41 @@ def _is_utf8(raw: str) -> bool:
     return True
 
 
-def backing_off(recall: Recall, st: Subtask, now: float) -> bool:
+class HealthySites:
+    """Whether a site is healthy now: most of the runs its nodes ended in the last ``horizon`` seconds finished
+    (their sums' failed runs over runs with Jeffreys' prior, ``(fl + 1/2) / (n + 1) < 1/2``, the rule
+    :meth:`BanditAllocation._avoidable` judges one pair by). No recent run is not healthy: nothing tells. None where
+    the estimates keep no sums. Each site is summed once (the object lives for one tick)."""
+
+    def __init__(self, estimates: Estimates, now: float, horizon: float) -> None:
+        self.sums_of = getattr(estimates, "site_sums", None)
+        self.now, self.horizon = now, horizon
+        self.memo: dict[str, bool] = {}
+
+    def __call__(self, site: str) -> bool | None:
+        if self.sums_of is None:
+            return None
+        hit = self.memo.get(site)
+        if hit is None:
+            failed = runs = 0.0
+            for s in self.sums_of(site).values():
+                if self.now - s.t <= self.horizon:
+                    failed += s.fl
+                    runs += s.n
+            hit = self.memo[site] = (failed + 0.5) / (runs + 1.0) < 0.5
+        return hit
+
+
+def backing_off(recall: Recall, st: Subtask, now: float, healthy: Callable[[str], bool | None] | None = None
+                ) -> bool:
     """True while a recalled subtask waits out ``recall``'s retry delay (from its recall, ``since``): allocation
-    leaves it in ``waiting``. A strategy that fails or answers no number delays nothing."""
+    leaves it in ``waiting``. A strategy that fails or answers no number delays nothing.
+
+    ``healthy`` (:class:`HealthySites`): no delay where the subtask's site is healthy. The delay is for a site's
+    passing trouble (a rate limiter, a restart: every node's runs there fail for a while), so that the subtask's
+    runs are not all burnt within a second; where most runs there finish, its failures were its nodes' own (errors
+    or captchas now and then), its next run on another node is as likely to finish now as later, and a delay only
+    holds its task back (docs/strategies.md, "Recall")."""
     if not st.attempt:
         return False
     try:
@@ -414,7 +446,7 @@ def backing_off(recall: Recall, st: Subtask, now: float) -> bool:
     except Exception:  # noqa: BLE001 - a plug-in's bug must not hold work back
         logger.warning("recall strategy's retry_delay failed on %s; not delayed", st.id, exc_info=True)
         return False
-    return delay > 0 and now < st.since + delay
+    return delay > 0 and now < st.since + delay and not (healthy is not None and healthy(st.site))
 
 
 def _reason(exc: BaseException) -> str:
@@ -857,7 +889,8 @@ class _Decider:
             window = sorted([*window, *self.fresh], key=lambda s: (s.priority, s.id))
         # Subtasks waiting out their retry delay take no room: the window is the first ``size`` that may be placed
         # (the control reads as many more ids as the last tick held back).
-        window = [st for st in window if not backing_off(self.strat.recall, st, self.now)][:size]
+        healthy = HealthySites(self.snap.estimates, self.now, self.strat.recall.threshold)
+        window = [st for st in window if not backing_off(self.strat.recall, st, self.now, healthy)][:size]
         if not window:
             return
         assignments = self._assignments(window, nodes)
@@ -1118,7 +1151,8 @@ class Control:
                        for node, queue in zip(t.silent, silent_queues, strict=True)]
         if total_free:
             snap.waiting, snap.parsed = self._read_window(ids, dict(zip(new, records, strict=False)))
-            held = sum(backing_off(self.strategies.recall, st, now) for st in snap.parsed.values())
+            healthy = HealthySites(snap.estimates, now, self.strategies.recall.threshold)
+            held = sum(backing_off(self.strategies.recall, st, now, healthy) for st in snap.parsed.values())
             self._held = min(held, batch)  # an outage's many retries cost at most a batch of ids more a tick
             # What allocation will ask for, of the subtasks new to the window (the others' were read with them).
             pairs = {(st.group, st.site) for sid in new if (st := self._window[sid][1]) is not None}

@@ -348,6 +348,38 @@ def test_a_subtask_recalled_again_waits_its_backoff_before_it_is_placed_then_goe
     assert placed(108.0) == ["s0", "s1", "s2", "s3", "s4"]  # four times: 8 s
 
 
+@pytest.mark.parametrize(("runs", "held"), [
+    ([(True, 99.0)] * 3 + [(False, 99.5)] * 2, False),  # most of the site's recent runs finished: at once
+    ([(True, 99.0)] * 2 + [(False, 99.5)] * 3, True),  # most failed (a passing trouble): it waits
+    ([(True, 60.0)] * 5 + [(False, 99.5)] * 2, True),  # the finished runs are older than the recall age (30 s)
+    ([], True),  # nothing tells: it waits
+])
+def test_a_retry_delay_holds_only_while_its_site_fails_most_of_its_runs(runs: list[tuple[bool, float]],
+                                                                        held: bool) -> None:
+    """The retry delay is for a site's passing trouble: on a site whose nodes finish most of their runs, a subtask
+    that failed on some of them (errors or captchas now and then) runs again at once; a thousand nodes of which 996
+    fail a tenth of their pages had the shared queue collect twice what the delays left (docs/strategies.md)."""
+    from scheduler_ext.control import CountingIds, HealthySites, Snapshot, Strategies, backing_off, decide
+    from scheduler_ext.sim.estimates import MemoryEstimates
+    from scheduler_ext.strategies import NodeView
+
+    estimates = MemoryEstimates()
+    for i, (ok, t) in enumerate(runs):  # one run each on nodes of the site, ended at t
+        estimates.finish(site="a.com", group="p", node=f"n{i}", offered=30, collected=10 if ok else 0,
+                         pages=3 if ok else 0, seconds=1.0, ok=ok, now=t)
+    recall = DynamicRecall(threshold=30, max_recalls=5, backoff=2.0)
+    st = Subtask("s3", "t3", "a.com", 0, 3, 20.0, attempt=3, since=99.5)  # recalled three times: waits 4 s
+    snap = Snapshot(keys=Keys("{sim}"), now=100.0, estimates=estimates, ids=CountingIds(),
+                    waiting=[(st.id, st.to_json())], nodes=[NodeView(id="n9", types=[0, 1], free=1)])
+    strategies = Strategies(allocation=SharedAllocation(), modification=FixedModification(3, 20.0), recall=recall,
+                            splitter=splitter)
+    placed = [d.subject for d in decide(snap, strategies, 100.0) if d.kind == "allocate"]
+    assert placed == ([] if held else ["s3"])
+    assert backing_off(recall, st, 100.0, HealthySites(estimates, 100.0, 30.0)) is held
+    assert backing_off(recall, st, 104.0, HealthySites(estimates, 104.0, 30.0)) is False  # its delay is over
+    assert backing_off(recall, st, 100.0, HealthySites(NoEstimates(), 100.0, 30.0)) is True  # no sums: it waits
+
+
 def test_subtasks_waiting_out_their_retry_delay_take_no_room_in_the_window() -> None:
     """An outage recalls many subtasks at once, first in priority order: the window is the first subtasks that
     may be placed, not the first waiting ones, so the work behind them goes on."""

@@ -680,6 +680,24 @@ def test_waiting_offers_a_requeued_subtask_once() -> None:
     assert [entry[3].attempt for entry in sim._window(10)] == [19]
 
 
+@pytest.mark.parametrize("seed", [0, 2])
+def test_on_sites_whose_runs_mostly_finish_retries_are_not_delayed(seed: int) -> None:
+    """The paper profile on 40 nodes: 36 of them fail a tenth of their pages everywhere, so subtasks are recalled
+    two and three times, but every site's runs mostly finish. The retry delay (2 s, doubling) is for a site's passing
+    trouble, and holds nothing back here: the run is the one without it, item for item (with the delay before the
+    rule, 72,003 against 71,241 items for seed 0)."""
+    from product_crawl.experiment import make_options
+    from product_crawl.experiment.sim import simulate_configuration
+
+    items = []
+    for backoff in (2.0, 0.0):
+        opts = make_options(profile="paper", nodes=40, sim=True, strategies="dynamic", duration=30,
+                            overrides={"SCHEDEXT_RETRY_BACKOFF": backoff})
+        raw = simulate_configuration("dynamic", opts, seed=seed)
+        items.append(raw["samples"][-1]["items"])
+    assert items[0] == items[1] > 0
+
+
 def test_a_tick_that_starts_the_instant_the_last_one_ends_reads_its_writes_first() -> None:
     """A tick whose cost ends it at the very time of the next tick (or wake) event: the next tick must not take the
     window before the last one's subtasks went back to waiting (they were lost from the heap: on a churn world a

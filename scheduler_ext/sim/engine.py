@@ -60,7 +60,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..config import ready_pages
-from ..control import CountingIds, Decision, Entry, Snapshot, Strategies, backing_off, decide
+from ..control import CountingIds, Decision, Entry, HealthySites, Snapshot, Strategies, backing_off, decide
 from ..keys import Keys
 from ..models import Report, Subtask, Task, resume_page
 from ..strategies import Allocation, Modification, NodeView, Recall
@@ -408,7 +408,9 @@ class Simulation:
         self._behind = len(reports) >= batch or len(failures) >= batch  # as the control: TickRead.more
         window = self._window(size)
         # as the control: read as many more ids next tick as this window holds subtasks waiting out a retry delay
-        self._held = min(self.batch, sum(backing_off(self.strategies.recall, e[3], self.now) for e in window))
+        healthy = HealthySites(self.estimates, self.now, self.strategies.recall.threshold)
+        self._held = min(self.batch, sum(backing_off(self.strategies.recall, e[3], self.now, healthy)
+                                         for e in window))
         snap = self._snapshot(reports, failures, stale, nodes, [entry[3] for entry in window])
         self.estimates.read()
         decisions = list(decide(snap, self.strategies, self.now))
