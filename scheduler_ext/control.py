@@ -889,7 +889,7 @@ class _Decider:
             window = sorted([*window, *self.fresh], key=lambda s: (s.priority, s.id))
         # Subtasks waiting out their retry delay take no room: the window is the first ``size`` that may be placed
         # (the control reads as many more ids as the last tick held back).
-        healthy = HealthySites(self.snap.estimates, self.now, self.strat.recall.threshold)
+        healthy = HealthySites(self.snap.estimates, self.now, self.strat.recall_age)
         window = [st for st in window if not backing_off(self.strat.recall, st, self.now, healthy)][:size]
         if not window:
             return
@@ -1151,7 +1151,7 @@ class Control:
                        for node, queue in zip(t.silent, silent_queues, strict=True)]
         if total_free:
             snap.waiting, snap.parsed = self._read_window(ids, dict(zip(new, records, strict=False)))
-            healthy = HealthySites(snap.estimates, now, self.strategies.recall.threshold)
+            healthy = HealthySites(snap.estimates, now, self.strategies.recall_age)
             held = sum(backing_off(self.strategies.recall, st, now, healthy) for st in snap.parsed.values())
             self._held = min(held, batch)  # an outage's many retries cost at most a batch of ids more a tick
             # What allocation will ask for, of the subtasks new to the window (the others' were read with them).

@@ -372,7 +372,7 @@ def test_a_retry_delay_holds_only_while_its_site_fails_most_of_its_runs(runs: li
     snap = Snapshot(keys=Keys("{sim}"), now=100.0, estimates=estimates, ids=CountingIds(),
                     waiting=[(st.id, st.to_json())], nodes=[NodeView(id="n9", types=[0, 1], free=1)])
     strategies = Strategies(allocation=SharedAllocation(), modification=FixedModification(3, 20.0), recall=recall,
-                            splitter=splitter)
+                            splitter=splitter, recall_age=30.0)
     placed = [d.subject for d in decide(snap, strategies, 100.0) if d.kind == "allocate"]
     assert placed == ([] if held else ["s3"])
     assert backing_off(recall, st, 100.0, HealthySites(estimates, 100.0, 30.0)) is held

@@ -408,7 +408,7 @@ class Simulation:
         self._behind = len(reports) >= batch or len(failures) >= batch  # as the control: TickRead.more
         window = self._window(size)
         # as the control: read as many more ids next tick as this window holds subtasks waiting out a retry delay
-        healthy = HealthySites(self.estimates, self.now, self.strategies.recall.threshold)
+        healthy = HealthySites(self.estimates, self.now, self.strategies.recall_age)
         self._held = min(self.batch, sum(backing_off(self.strategies.recall, e[3], self.now, healthy)
                                          for e in window))
         snap = self._snapshot(reports, failures, stale, nodes, [entry[3] for entry in window])
