@@ -245,7 +245,6 @@ def _run_forked(runs: list[tuple[str, int, str]], opts: Options, totals: dict[st
     channel = ctx.Queue()
     alive: dict[int, Any] = {}
     lines: dict[int, str] = {}
-    following = -1  # the run whose line is shown
     todo = list(enumerate(runs))
     try:
         while todo or alive:
@@ -257,20 +256,19 @@ def _run_forked(runs: list[tuple[str, int, str]], opts: Options, totals: dict[st
             for index, proc in alive.items():  # a run sends its record before it ends: exit code 0 or killed
                 if proc.exitcode not in (None, 0):
                     raise ExperimentError(f"simulated run {runs[index][2]}: its process ended with exit code "
-                                          f"{proc.exitcode} (killed? out of memory?) before it sent its record")
+                                          f"{proc.exitcode} (killed? out of memory?) before it sent its record; "
+                                          f"fewer runs at once hold less memory (--jobs)")
             try:
                 kind, index, value = channel.get(timeout=0.5)
             except queue_module.Empty:
                 continue
-            if kind == "line":
+            if kind == "line":  # the line shown is the oldest running run's
                 lines[index] = value
-                following = index if following not in lines else following
-                if index == following:
+                if index == min(lines):
                     others = len(lines) - 1
                     progress.update(value + (f"  (+{others} running)" if others else ""))
             elif kind == "done":
                 lines.pop(index, None)
-                following = min(lines, default=-1)
                 progress.done(value)
             elif kind == "error":
                 raise ExperimentError(f"simulated run {runs[index][2]} failed:\n{value}")
