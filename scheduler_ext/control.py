@@ -407,17 +407,17 @@ def _is_utf8(raw: str) -> bool:
 class HealthySites:
     """Whether a site is healthy now: most of the runs its nodes ended in the last ``horizon`` seconds finished
     (their sums' failed runs over runs with Jeffreys' prior, ``(fl + 1/2) / (n + 1) < 1/2``, the rule
-    :meth:`BanditAllocation._avoidable` judges one pair by). No recent run is not healthy: nothing tells. None where
-    the estimates keep no sums. Each site is summed once (the object lives for one tick)."""
+    :meth:`BanditAllocation._avoidable` judges one pair by). No recent run, or estimates that keep no sums, is not
+    healthy: nothing tells. Each site is summed once (the object lives for one tick)."""
 
     def __init__(self, estimates: Estimates, now: float, horizon: float) -> None:
         self.sums_of = getattr(estimates, "site_sums", None)
         self.now, self.horizon = now, horizon
         self.memo: dict[str, bool] = {}
 
-    def __call__(self, site: str) -> bool | None:
+    def __call__(self, site: str) -> bool:
         if self.sums_of is None:
-            return None
+            return False
         hit = self.memo.get(site)
         if hit is None:
             failed = runs = 0.0
@@ -429,8 +429,7 @@ class HealthySites:
         return hit
 
 
-def backing_off(recall: Recall, st: Subtask, now: float, healthy: Callable[[str], bool | None] | None = None
-                ) -> bool:
+def backing_off(recall: Recall, st: Subtask, now: float, healthy: Callable[[str], bool]) -> bool:
     """True while a recalled subtask waits out ``recall``'s retry delay (from its recall, ``since``): allocation
     leaves it in ``waiting``. A strategy that fails or answers no number delays nothing.
 
@@ -446,7 +445,7 @@ def backing_off(recall: Recall, st: Subtask, now: float, healthy: Callable[[str]
     except Exception:  # noqa: BLE001 - a plug-in's bug must not hold work back
         logger.warning("recall strategy's retry_delay failed on %s; not delayed", st.id, exc_info=True)
         return False
-    return delay > 0 and now < st.since + delay and not (healthy is not None and healthy(st.site))
+    return delay > 0 and now < st.since + delay and not healthy(st.site)
 
 
 def _reason(exc: BaseException) -> str:
