@@ -615,7 +615,8 @@ class _Decider:
         if task is None or task.done:  # a subtask pushed by hand (no task record), or a finished task
             return writes
         task = replace(task, subtasks=task.subtasks + 1, collected=task.collected + report.collected,
-                       last_node=report.node, open=max(0, task.open - 1))
+                       last_node=report.node, open=max(0, task.open - 1),
+                       retrying=max(0, task.retrying - 1) if st.attempt else task.retrying)
         if report.reported is not None:
             task.reported = report.reported
         if report.total_pages is not None:
@@ -645,22 +646,50 @@ class _Decider:
             task.page_limit, task.time_limit = pages, limit
             if hole[0] < hole[1]:  # pages before other subtasks' slices: a subtask of their own
                 writes += self._slice(task, hole[0], int(hole[1] - hole[0]), report.node)
-            lanes = self.strat.lanes if task.total_pages is not None and self._dry(task.site, report.node) else 1
-            while task.open < lanes and task.next_page < total:
-                first, task.next_page = task.next_page, int(min(task.next_page + pages, total))
-                writes += self._slice(task, first, task.next_page - first, report.node)
+            writes += self._open(task, pages, self._dry(task.site, report.node), report.node)
         self.tasks[task.id] = task
         writes.append(Write.hset(k.tasks, task.id, self._record(task)))
         return writes
 
-    def _dry(self, site: str, node: str) -> bool:
+    def _open(self, task: Task, pages: int, dry: bool, node: str | None) -> list[Write]:
+        """Writes that open ``task``'s next slices of ``pages`` pages while fewer of its subtasks are out than its
+        lanes: one, until its page count is known and wherever its site does not run dry (``dry``,
+        :meth:`_dry`); where it does, ``SCHEDEXT_TASK_LANES``, and one more while a recalled subtask of the task
+        is out (:meth:`_recalled`; ``SCHEDEXT_TASK_LANES = 1`` is the paper's one subtask at a time)."""
+        writes: list[Write] = []
+        total = math.inf if task.total_pages is None else task.total_pages
+        lanes = self.strat.lanes + int(task.retrying > 0 and self.strat.lanes > 1) \
+            if dry and task.total_pages is not None else 1
+        while task.open < lanes and task.next_page < total:
+            first, task.next_page = task.next_page, int(min(task.next_page + pages, total))
+            writes += self._slice(task, first, task.next_page - first, node)
+        return writes
+
+    def _recalled(self, st: Subtask, node: str | None, dry: bool) -> list[Write]:
+        """Writes that count ``st``, requeued, among its task's recalled subtasks (on its first recall) and, where
+        its site runs dry for ``node`` (``dry``, found before ``st`` was requeued), let the task go on beside it
+        (:meth:`_open`): a failed run's remainder is mostly a page or two, and the task's lane held for it cost a
+        whole turn of the task (a report, a tick, a take) for those pages."""
+        if st.attempt:
+            return []
+        try:
+            task = self._task(st.task)
+        except InvalidInput:
+            return []
+        if task is None or task.done:
+            return []
+        task = self.tasks[task.id] = replace(task, retrying=task.retrying + 1)
+        writes = self._open(task, task.page_limit or self.strat.page_limit, dry, node)
+        return [*writes, Write.hset(self.k.tasks, task.id, self._record(task))]
+
+    def _dry(self, site: str, node: str | None) -> bool:
         """Whether ``site``'s work runs dry for ``node``, which just reported a run there: the node could take more
         (its crawl queue has free slots) and no subtask of the site is waiting (in the tick's window, or made by this
         tick). Only then does a task open lanes beyond its first: where a site has fewer tasks than the nodes
         suited to it have slots, one subtask a task at a time leaves them idle between a run's report and the
         task's next subtask; where its subtasks wait anyway, more of them would only go to worse nodes (on
         bench_quality's captcha worlds, to the nodes answered with captchas: dead letters)."""
-        view = self.views.get(node)
+        view = self.views.get(node) if node else None
         if view is None or view.free <= 0:
             return False
         if self._waiting_sites is None:
@@ -696,16 +725,17 @@ class _Decider:
         task.done = True
         return [Write.hincrby(self.k.progress, f"{task.group}|done"), Write.hincrby(self.k.counters, "tasks_done")]
 
-    def _closed(self, task_id: str) -> list[Write]:
-        """Writes that count one subtask of a task as no longer out (dead-lettered), and end the task if that
-        was the last of it."""
+    def _closed(self, st: Subtask) -> list[Write]:
+        """Writes that count ``st`` as no longer out of its task (dead-lettered), and end the task if that was the
+        last of it."""
         try:
-            task = self._task(task_id)
+            task = self._task(st.task)
         except InvalidInput:
             return []
         if task is None or task.done:
             return []
-        task = self.tasks[task.id] = replace(task, open=max(0, task.open - 1))
+        task = self.tasks[task.id] = replace(task, open=max(0, task.open - 1),
+                                             retrying=max(0, task.retrying - 1) if st.attempt else task.retrying)
         return [*self._ended(task), Write.hset(self.k.tasks, task.id, self._record(task))]
 
     # --- 3. recall ----------------------------------------------------------------------------------------------
@@ -716,7 +746,7 @@ class _Decider:
             return [self._dead_write(st.id, kind="subtask", reason=reason, attempts=st.attempt + 1,
                                      last_node=node, subtask=json.loads(st.to_json())),
                     Write.hdel(k.subtasks, st.id), Write.hincrby(k.node_counters(who), "dead"),
-                    Write.hincrby(k.node_counters(who), "recalled"), *self._closed(st.task)]
+                    Write.hincrby(k.node_counters(who), "recalled"), *self._closed(st)]
         avoid = list(dict.fromkeys([*st.avoid, *([node] if node else [])]))[-3:]
         # recalled whole: the pages an allocation took off it (its rest) come back with it
         again = replace(st, attempt=st.attempt + 1, avoid=avoid, node=None, prev_node=node or st.prev_node,
@@ -730,7 +760,10 @@ class _Decider:
             raise InvalidInput(f"recall strategy returned {decision!r}, expected a RecallDecision")
         if decision is RecallDecision.KEEP:
             return None
+        dry = decision is RecallDecision.REQUEUE and self._dry(st.site, node)
         writes = [*extra, *self._recall_writes(st, node, reason, decision)]
+        if decision is RecallDecision.REQUEUE:
+            writes += self._recalled(st, node, dry)
         return Decision(kind, guards, writes, subject=st.id, dead=int(decision is RecallDecision.DEAD))
 
     def _failure(self, e: Entry) -> Decision | None:
@@ -754,6 +787,7 @@ class _Decider:
             return Decision("recall", [e.guard], self._recall_writes(st, report.node, reason, RecallDecision.DEAD),
                             subject=st.id, dead=1)
         decision = self.strat.recall.decide(st, report.node, report.reason, failed=True)
+        dry = decision is RecallDecision.REQUEUE and self._dry(st.site, report.node)  # before its pages wait again
         end, resume = st.first_page + st.page_limit, self._resumed(report)
         if st.rest:  # the pages after the slice were not crawled: the recalled part runs to its rest's end
             resume = end
@@ -771,6 +805,8 @@ class _Decider:
             writes = self._recall_writes(st, report.node, reason, decision)
         else:
             raise InvalidInput(f"recall strategy returned {decision!r}, expected a RecallDecision")
+        if decision is RecallDecision.REQUEUE:
+            writes += self._recalled(st, report.node, dry)
         return Decision("recall", [e.guard], writes, subject=st.id, dead=int(decision is RecallDecision.DEAD))
 
     @staticmethod
@@ -941,7 +977,8 @@ class _Decider:
         if task is None or task.done or task.id in self._split_tasks:
             return replace(got, node=nid, rest=left), []
         self._split_tasks.add(task.id)
-        task = self.tasks[task.id] = replace(task, open=task.open + 1)
+        task = self.tasks[task.id] = replace(task, open=task.open + 1,
+                                             retrying=task.retrying + 1 if st.attempt else task.retrying)
         rest = replace(st, id=self.snap.ids.take(1)[0], first_page=got.first_page + got.page_limit,
                        page_limit=left, rest=0, node=None, since=self.now)
         return replace(got, node=nid, rest=0), [*self._waiting_writes(rest),

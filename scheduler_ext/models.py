@@ -157,7 +157,8 @@ class Task:
     step 3 of a tick).
 
     ``next_page`` is the first page no subtask was given; ``open`` counts the task's subtasks out (waiting,
-    queued or crawling, recalled ones included)."""
+    queued or crawling, recalled ones included), ``retrying`` those of them that were recalled (a recalled subtask
+    out gives its task one more lane: docs/control.md, step 3)."""
 
     id: str
     site: str
@@ -175,6 +176,7 @@ class Task:
     page_limit: int | None = None  # of the latest subtask
     time_limit: float | None = None
     open: int = 1
+    retrying: int = 0
 
     def to_json(self) -> str:
         return _dumps(_fields(self))
@@ -184,7 +186,7 @@ class Task:
         obj = loads_object(raw, "task")
         _require(obj, "id", str, "task", check=bool, expected="a non-empty string")
         _require(obj, "site", str, "task", check=bool, expected="a non-empty string")
-        counts = ("next_page", "open", "subtasks", "collected")  # null or absent: the default
+        counts = ("next_page", "open", "retrying", "subtasks", "collected")  # null or absent: the default
         for name in (*counts, "total_pages"):
             _require(obj, name, int, "task", optional=True, check=lambda v: v >= 0, expected="an integer >= 0")
         known = set(cls.__dataclass_fields__)

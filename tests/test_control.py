@@ -701,6 +701,51 @@ def test_a_dead_lettered_slice_closes_its_lane_and_the_task_still_ends(store: St
     assert dead["subtask"]["first_page"] == 3 and dead["subtask"]["page_limit"] == 3
 
 
+@pytest.mark.parametrize("lanes", [1, 2])
+def test_a_recalled_slice_runs_beside_its_task_which_goes_on(store: Store, lanes: int) -> None:
+    """A failed run's remainder (mostly a page or two) is recalled, and with SCHEDEXT_TASK_LANES > 1 its task
+    keeps its lanes of fresh slices beside it instead of waiting for it: one lane more while any recalled slice is
+    out, not one per recalled slice (a site where every run fails does not burn through its tasks). With one lane:
+    the paper's one subtask at a time."""
+    inject(store, {"name": "p", "sites": ["a.com"]})
+    store.heartbeat("n1", {**NODE_INFO, "prefetch": 8}, 30, [])
+    control = make_control(store, lanes=lanes, allocation=_Caps(cap=lambda s: s),
+                           recall=DynamicRecall(threshold=30, max_recalls=5, backoff=0.0))
+
+    def pages(out: list[tuple[Subtask, str]]) -> list[tuple[int, int, int]]:
+        return sorted((st.first_page, st.page_limit, st.attempt) for st, _ in out)
+
+    def counts() -> tuple[int, int, int]:
+        task = _task_record(store)
+        return task["next_page"], task["open"], task["retrying"]
+
+    control.tick()
+    [(first, token)] = _drain(store, "n1")
+    assert finish_at(store, "n1", first, token, 3)
+    control.tick()
+    out = sorted(_drain(store, "n1"), key=lambda x: x[0].first_page)
+    assert pages(out) == [(3, 3, 0), (6, 3, 0)][:lanes]
+    assert finish_at(store, "n1", *out[0], 4, ok=False)  # page 4 failed: pages 4 and 5 are recalled
+    control.tick()
+    recalled = _drain(store, "n1")
+    if lanes == 1:  # the task waits for its recalled pages
+        assert pages(recalled) == [(4, 2, 1)] and counts() == (6, 1, 1)
+        return
+    # The site runs dry for n1: the task's next slice opens beside its recalled pages at once.
+    assert pages(recalled) == [(4, 2, 1), (9, 3, 0)] and counts() == (12, 3, 1)
+    fresh = [x for x in recalled if x[0].attempt == 0]
+    for st, tok in [out[1], *fresh]:  # the task's other slices fail on their first page: recalled whole ...
+        assert finish_at(store, "n1", st, tok, st.first_page, ok=False)
+    control.tick()
+    again = _drain(store, "n1")  # ... and no slice opens beside them: one lane more, not one per recalled slice
+    assert pages(again) == [(6, 3, 1), (9, 3, 1)] and counts() == (12, 3, 3)
+    for st, tok in [*recalled[:1], *again]:
+        assert finish_at(store, "n1", st, tok, st.first_page + st.page_limit)
+    control.tick()
+    rest = _drain(store, "n1")  # the recalled slices done: back to the task's own lanes
+    assert rest and all(st.attempt == 0 for st, _ in rest) and counts()[1:] == (len(rest), 0)
+
+
 def test_a_task_record_with_a_bad_count_is_refused_by_name() -> None:
     from scheduler_ext.exceptions import InvalidInput
     from scheduler_ext.models import Task
