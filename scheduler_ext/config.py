@@ -125,6 +125,7 @@ class Config:
     page_limit: int = 5
     time_limit: float = 30.0
     task_lanes: int = 2
+    task_lanes_idle: int = 8
     # control
     control_enabled: bool = False
     control_id: str = ""
@@ -210,6 +211,7 @@ class Config:
             page_limit=_number(s, "SCHEDEXT_PAGE_LIMIT", int, low=1),
             time_limit=_seconds(s, "SCHEDEXT_TIME_LIMIT"),
             task_lanes=_number(s, "SCHEDEXT_TASK_LANES", int, low=1),
+            task_lanes_idle=_number(s, "SCHEDEXT_TASK_LANES_IDLE", int, low=1),
             control_enabled=_flag(s, "SCHEDEXT_CONTROL_ENABLED"),
             control_id=_text(s, "SCHEDEXT_CONTROL_ID") or host,
             tick_interval=_seconds(s, "SCHEDEXT_TICK_INTERVAL"),

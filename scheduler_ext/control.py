@@ -365,6 +365,7 @@ class Strategies:
     max_entry_bytes: int = 1_000_000
     max_split: int = 1_000  # tasks one virtual task may become (one commit writes them all)
     lanes: int = 2  # a task's subtasks out at most (SCHEDEXT_TASK_LANES; beyond one only where its site runs dry)
+    idle_lanes: int = 8  # the same while nodes of the cluster idle (SCHEDEXT_TASK_LANES_IDLE: one per idle node)
     window: Callable[[int], int] = lambda free: 32 + 2 * free  # waiting subtasks offered to allocation
 
 
@@ -475,6 +476,7 @@ class _Decider:
         self._split_tasks: set[str] = set()  # tasks a capped placement of this tick split (see _placed)
         self.unexpected = 0  # exceptions other than InvalidInput / ConfigurationError (a bug or a bad plug-in)
         self.views = {n.id: n for n in snap.nodes}
+        self._idle_left: int | None = None  # see _idle
         self._waiting_sites: set[str] | None = None  # sites with a subtask waiting (see _dry), read when first asked
 
     def run(self) -> list[Decision]:
@@ -658,12 +660,28 @@ class _Decider:
         is out (:meth:`_recalled`; ``SCHEDEXT_TASK_LANES = 1`` is the paper's one subtask at a time)."""
         writes: list[Write] = []
         total = math.inf if task.total_pages is None else task.total_pages
-        lanes = self.strat.lanes + int(task.retrying > 0 and self.strat.lanes > 1) \
-            if dry and task.total_pages is not None else 1
-        while task.open < lanes and task.next_page < total:
+        wide = dry and task.total_pages is not None and self.strat.lanes > 1
+        beside = int(wide and task.retrying > 0)
+        lanes = self.strat.lanes + beside if wide else 1
+        idle_lanes = self.strat.idle_lanes + beside if wide else 1
+        while task.next_page < total:
+            if task.open >= lanes:
+                if task.open >= idle_lanes or self._idle() <= 0:
+                    break
+                self._idle_left -= 1
             first, task.next_page = task.next_page, int(min(task.next_page + pages, total))
             writes += self._slice(task, first, task.next_page - first, node)
         return writes
+
+    def _idle(self) -> int:
+        """The idle nodes left to this tick's lanes beyond ``SCHEDEXT_TASK_LANES``: the live nodes that hold
+        nothing and have nothing queued, less the subtasks waiting (the tick's window and the subtasks it made
+        before it asked: work that may go to them now, as at a cluster's start) and one for each such lane
+        opened."""
+        if self._idle_left is None:
+            idle = sum(1 for v in self.views.values() if not v.held and not v.queued and v.free > 0)
+            self._idle_left = idle - len(self.snap.waiting) - len(self.fresh)
+        return self._idle_left
 
     def _recalled(self, st: Subtask, node: str | None, dry: bool) -> list[Write]:
         """Writes that count ``st``, requeued, among its task's recalled subtasks (on its first recall) and, where
@@ -1057,7 +1075,8 @@ class Control:
                  modification: Modification, recall: Recall, control_id: str | None = None,
                  page_limit: int = 5, time_limit: float = 30.0, batch: int = 500, leader_ttl: float = 10.0,
                  node_timeout: float | None = None, recall_age: float | None = None,
-                 max_entry_bytes: int = 1_000_000, max_split: int = 1_000, lanes: int = 2) -> None:
+                 max_entry_bytes: int = 1_000_000, max_split: int = 1_000, lanes: int = 2,
+                 idle_lanes: int = 8) -> None:
         self.store, self.keys = store, store.keys
         self.splitter = splitter
         self.allocation, self.modification, self.recall = allocation, modification, recall
@@ -1070,7 +1089,7 @@ class Control:
         self.strategies = Strategies(allocation=allocation, modification=modification, recall=recall,
                                      splitter=splitter, page_limit=page_limit, time_limit=time_limit,
                                      recall_age=self.recall_age, max_entry_bytes=max_entry_bytes,
-                                     max_split=max_split, lanes=lanes)
+                                     max_split=max_split, lanes=lanes, idle_lanes=idle_lanes)
         self.estimates = EstimateCache(store)  # kept across ticks; only changed estimates are re-read
         self._ids = StoreIds(store)  # ids reserved a block at a time, kept across ticks
         self._window: dict[str, tuple[str | None, Subtask | None]] = {}  # last tick's window: id -> record, decoded
@@ -1097,7 +1116,7 @@ class Control:
             control_id=config.control_id, page_limit=config.page_limit, time_limit=config.time_limit,
             batch=config.tick_batch, leader_ttl=config.leader_ttl, node_timeout=config.node_timeout,
             recall_age=config.recall_age, max_entry_bytes=config.max_entry_bytes, max_split=config.max_split,
-            lanes=config.task_lanes)
+            lanes=config.task_lanes, idle_lanes=config.task_lanes_idle)
 
     @classmethod
     def from_crawler(cls, crawler: Any) -> Control:

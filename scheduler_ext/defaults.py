@@ -33,6 +33,7 @@ DEFAULTS: dict[str, Any] = {
     "SCHEDEXT_PAGE_LIMIT": 5,  # pages in a task's first subtask
     "SCHEDEXT_TIME_LIMIT": 30.0,  # seconds for a task's first subtask
     "SCHEDEXT_TASK_LANES": 2,  # a task's subtasks out at most once its page count is known (>1: where a site runs dry)
+    "SCHEDEXT_TASK_LANES_IDLE": 8,  # the same while nodes of the cluster idle (one more lane per idle node)
     # --- control loop --------------------------------------------------------------------------------------
     "SCHEDEXT_CONTROL_ENABLED": False,  # run the control loop in this process (the control spider sets it)
     "SCHEDEXT_CONTROL_ID": None,  # str; default "<hostname>-<pid>"

@@ -27,11 +27,13 @@ NODE_INFO = {"type": [0, 1], "prefetch": 1, "capacity": 1, "address": None}
 
 
 def make_control(store: Store, name: str = "c1", *, recall: Any = None, allocation: Any = None,
-                 modification: Any = None, lanes: int = 1) -> Control:
+                 modification: Any = None, lanes: int = 1, idle_lanes: int | None = None) -> Control:
+    """A control of ``lanes`` lanes, and no more while nodes idle unless ``idle_lanes`` says so (the tests'
+    heartbeats list no subtasks: every node looks idle)."""
     return Control(store, splitter=splitter, allocation=allocation or SharedAllocation(),
                    modification=modification or FixedModification(3, 20.0),
                    recall=recall or DynamicRecall(threshold=30, max_recalls=3), control_id=name, page_limit=3,
-                   time_limit=20.0, leader_ttl=5, lanes=lanes)
+                   time_limit=20.0, leader_ttl=5, lanes=lanes, idle_lanes=lanes if idle_lanes is None else idle_lanes)
 
 
 @pytest.fixture
@@ -643,6 +645,31 @@ def test_a_second_lane_opens_only_where_the_site_runs_dry_for_the_node_that_repo
     control.tick()
     [task] = [t for t in map(json.loads, store.redis.hvals(store.keys.tasks)) if t["group"] == "p"]
     assert (task["next_page"], task["open"]) == (3 + 3 * lanes, lanes)
+
+
+@pytest.mark.parametrize(("idle", "idle_lanes", "opened"), [
+    (4, 8, [(3, 3), (6, 3), (9, 3), (12, 3)]),  # 4 idle nodes, 2 taken by the task's own 2 lanes: 2 lanes more
+    (3, 8, [(3, 3), (6, 3), (9, 3)]),  # 3 idle: one more
+    (2, 8, [(3, 3), (6, 3)]),  # as many idle nodes as the task's new slices: SCHEDEXT_TASK_LANES
+    (4, 3, [(3, 3), (6, 3), (9, 3)]),  # SCHEDEXT_TASK_LANES_IDLE caps them
+])
+def test_a_task_whose_site_runs_dry_takes_a_lane_more_per_idle_node(
+        store: Store, idle: int, idle_lanes: int, opened: list[tuple[int, int]]) -> None:
+    """Where a task's site runs dry and nodes of the cluster hold nothing (their heartbeats list no subtask, their
+    crawl queues are empty) beyond the subtasks waiting or made in the tick, the task opens lanes beyond
+    SCHEDEXT_TASK_LANES, one per such idle node, up to SCHEDEXT_TASK_LANES_IDLE: capacity nobody uses crawls the
+    tasks' pages in parallel."""
+    inject(store, {"name": "p", "sites": ["a.com"]})
+    store.heartbeat("n1", {**NODE_INFO, "prefetch": 8, "subtasks": ["busy"]}, 30, [])
+    for i in range(2, 7):
+        store.heartbeat(f"n{i}", {**NODE_INFO, "prefetch": 8, "subtasks": [] if i < 2 + idle else ["x"]}, 30, [])
+    control = make_control(store, lanes=2, idle_lanes=idle_lanes, allocation=_Caps(cap=lambda s: s))
+    control.tick()
+    [(first, token)] = _drain(store, "n1")
+    assert finish_at(store, "n1", first, token, 3)
+    control.tick()
+    assert sorted((st.first_page, st.page_limit) for st, _ in _drain(store, "n1")) == opened
+    assert _task_record(store)["open"] == len(opened)
 
 
 @pytest.mark.parametrize("seed", range(8))

@@ -163,7 +163,7 @@ def simulate_configuration(name: str, opts: Options, *, model: NodeModel | None 
     sim = Simulation(profile_world(opts), nodes, task_specs(opts, totals), allocation=allocation,
                      modification=modification, recall=recall, duration=opts.duration, tick=config.tick_interval,
                      wake=config.tick_wake, batch=config.tick_batch, page_limit=config.page_limit,
-                     time_limit=config.time_limit, lanes=config.task_lanes,
+                     time_limit=config.time_limit, lanes=config.task_lanes, idle_lanes=config.task_lanes_idle,
                      alpha=config.estimate_alpha, recall_age=config.recall_age,
                      model=(model or NodeModel()).with_settings(Settings(settings)),
                      sample_interval=opts.sample_interval, heartbeat=config.heartbeat_interval,

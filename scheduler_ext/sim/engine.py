@@ -218,7 +218,7 @@ class Simulation:
                  alpha: float = 0.3, recall_age: float | None = None, model: NodeModel | None = None,
                  control: ControlModel | None = None, batch: int = 500, sample_interval: float = 3.0, seed: int = 0,
                  pair_samples: bool = True, on_sample: Callable[[dict[str, Any]], None] | None = None,
-                 heartbeat: float = 2.0, lanes: int = 2) -> None:
+                 heartbeat: float = 2.0, lanes: int = 2, idle_lanes: int = 8) -> None:
         self.world, self.nodes = world, {n.id: n for n in nodes}
         self.allocation, self.modification, self.recall = allocation, modification, recall
         self.duration, self.tick, self.wake = duration, tick, wake
@@ -233,7 +233,7 @@ class Simulation:
         self.page_limit, self.time_limit = page_limit, time_limit
         self.recall_age = recall.threshold if recall_age is None else recall_age
         self.strategies = Strategies(allocation, modification, recall, page_limit=page_limit, time_limit=time_limit,
-                                     recall_age=self.recall_age, lanes=lanes)
+                                     recall_age=self.recall_age, lanes=lanes, idle_lanes=idle_lanes)
         self.keys = Keys("{sim}")
         self._crawl_key, self._counts_key = self.keys.crawl(""), self.keys.node_counters("")
         self._write_keys = (self.keys.subtasks, self.keys.tasks, self.keys.waiting)
