@@ -476,7 +476,7 @@ class _Decider:
         self._split_tasks: set[str] = set()  # tasks a capped placement of this tick split (see _placed)
         self.unexpected = 0  # exceptions other than InvalidInput / ConfigurationError (a bug or a bad plug-in)
         self.views = {n.id: n for n in snap.nodes}
-        self._idle_left: int | None = None  # see _idle
+        self._idle_left: int | None = None  # see _take_idle
         self._waiting_sites: set[str] | None = None  # sites with a subtask waiting (see _dry), read when first asked
 
     def run(self) -> list[Decision]:
@@ -656,8 +656,9 @@ class _Decider:
     def _open(self, task: Task, pages: int, dry: bool, node: str | None) -> list[Write]:
         """Writes that open ``task``'s next slices of ``pages`` pages while fewer of its subtasks are out than its
         lanes: one, until its page count is known and wherever its site does not run dry (``dry``,
-        :meth:`_dry`); where it does, ``SCHEDEXT_TASK_LANES``, and one more while a recalled subtask of the task
-        is out (:meth:`_recalled`; ``SCHEDEXT_TASK_LANES = 1`` is the paper's one subtask at a time)."""
+        :meth:`_dry`); where it does, ``SCHEDEXT_TASK_LANES``, and up to ``SCHEDEXT_TASK_LANES_IDLE`` one per idle
+        node (:meth:`_take_idle`), each plus one while a recalled subtask of the task is out (:meth:`_recalled`;
+        ``SCHEDEXT_TASK_LANES = 1`` is the paper's one subtask at a time)."""
         writes: list[Write] = []
         total = math.inf if task.total_pages is None else task.total_pages
         wide = dry and task.total_pages is not None and self.strat.lanes > 1
@@ -665,23 +666,24 @@ class _Decider:
         lanes = self.strat.lanes + beside if wide else 1
         idle_lanes = self.strat.idle_lanes + beside if wide else 1
         while task.next_page < total:
-            if task.open >= lanes:
-                if task.open >= idle_lanes or self._idle() <= 0:
-                    break
-                self._idle_left -= 1
+            if task.open >= lanes and (task.open >= idle_lanes or not self._take_idle()):
+                break
             first, task.next_page = task.next_page, int(min(task.next_page + pages, total))
             writes += self._slice(task, first, task.next_page - first, node)
         return writes
 
-    def _idle(self) -> int:
-        """The idle nodes left to this tick's lanes beyond ``SCHEDEXT_TASK_LANES``: the live nodes that hold
-        nothing and have nothing queued, less the subtasks waiting (the tick's window and the subtasks it made
-        before it asked: work that may go to them now, as at a cluster's start) and one for each such lane
-        opened."""
+    def _take_idle(self) -> bool:
+        """Takes one of this tick's idle nodes for a lane beyond ``SCHEDEXT_TASK_LANES``: False if none is left.
+        The idle nodes are the live nodes that hold nothing and have nothing queued, counted at the first ask,
+        less the subtasks waiting then (the tick's window and the subtasks it made: work that may go to them now,
+        as at a cluster's start)."""
         if self._idle_left is None:
             idle = sum(1 for v in self.views.values() if not v.held and not v.queued and v.free > 0)
             self._idle_left = idle - len(self.snap.waiting) - len(self.fresh)
-        return self._idle_left
+        if self._idle_left <= 0:
+            return False
+        self._idle_left -= 1
+        return True
 
     def _recalled(self, st: Subtask, node: str | None, dry: bool) -> list[Write]:
         """Writes that count ``st``, requeued, among its task's recalled subtasks (on its first recall) and, where

@@ -29,11 +29,11 @@ import pytest
 from conftest import run_scrapy
 
 from product_crawl.experiment.runner import Progress
+from scheduler_ext import control as control_module
 from scheduler_ext.control import Decision, Entry, EstimateCache, Snapshot, backing_off
 from scheduler_ext.keys import Keys
 from scheduler_ext.models import Report, Subtask, Task
 from scheduler_ext.sim import FREE_CONTROL, Behaviour, ControlModel, NodeModel, SimNode, Simulation, TaskSpec
-from scheduler_ext import control as control_module
 from scheduler_ext.sim import engine as engine_module
 from scheduler_ext.sim.bound import MACHINE, MACHINE_NODE, SiteWork, assign, best_possible, machine_assign
 from scheduler_ext.sim.configs import CONFIGS
