@@ -603,6 +603,15 @@ class _Decider:
         raw = self.snap.tasks.get(tid)
         return raw if raw is None or isinstance(raw, Task) else Task.from_json(raw)
 
+    def _going(self, tid: str) -> Task | None:
+        """The record of task ``tid`` if it goes on: None for no record (a subtask pushed by hand), an unreadable
+        one or a finished task."""
+        try:
+            task = self._task(tid)
+        except InvalidInput:
+            return None
+        return None if task is None or task.done else task
+
     def _advance(self, report: Report, *, abandoned: bool = False) -> list[Write]:
         """Writes that record ``report`` on its task, give the task back the pages its slice did not crawl and,
         while pages remain, keep one of the task's subtasks out, or up to ``SCHEDEXT_TASK_LANES`` where its site
@@ -690,13 +699,8 @@ class _Decider:
         its site runs dry for ``node`` (``dry``, found before ``st`` was requeued), let the task go on beside it
         (:meth:`_open`): a failed run's remainder is mostly a page or two, and the task's lane held for it cost a
         whole turn of the task (a report, a tick, a take) for those pages."""
-        if st.attempt:
-            return []
-        try:
-            task = self._task(st.task)
-        except InvalidInput:
-            return []
-        if task is None or task.done:
+        task = None if st.attempt else self._going(st.task)
+        if task is None:
             return []
         task = self.tasks[task.id] = replace(task, retrying=task.retrying + 1)
         writes = self._open(task, task.page_limit or self.strat.page_limit, dry, node)
@@ -748,11 +752,8 @@ class _Decider:
     def _closed(self, st: Subtask) -> list[Write]:
         """Writes that count ``st`` as no longer out of its task (dead-lettered), and end the task if that was the
         last of it."""
-        try:
-            task = self._task(st.task)
-        except InvalidInput:
-            return []
-        if task is None or task.done:
+        task = self._going(st.task)
+        if task is None:
             return []
         task = self.tasks[task.id] = replace(task, open=max(0, task.open - 1),
                                              retrying=max(0, task.retrying - 1) if st.attempt else task.retrying)
@@ -840,11 +841,8 @@ class _Decider:
     def _skip_to(self, task_id: str, page: int) -> list[Write]:
         """Writes that move a task's next subtask to ``page`` at least (the pages before it are crawled or
         recalled): none for a task without a usable record."""
-        try:
-            task = self._task(task_id)
-        except InvalidInput:
-            return []
-        if task is None or task.done or task.next_page >= page:
+        task = self._going(task_id)
+        if task is None or task.next_page >= page:
             return []
         task = self.tasks[task.id] = replace(task, next_page=page)
         return [Write.hset(self.k.tasks, task.id, self._record(task))]
@@ -990,11 +988,8 @@ class _Decider:
             return replace(got, node=nid), []
         if got.page_limit > 1:
             return replace(got, node=nid, rest=left), []
-        try:
-            task = self._task(st.task)
-        except InvalidInput:
-            task = None
-        if task is None or task.done or task.id in self._split_tasks:
+        task = self._going(st.task)
+        if task is None or task.id in self._split_tasks:
             return replace(got, node=nid, rest=left), []
         self._split_tasks.add(task.id)
         task = self.tasks[task.id] = replace(task, open=task.open + 1,
