@@ -614,8 +614,8 @@ class _Decider:
 
     def _advance(self, report: Report, *, abandoned: bool = False) -> list[Write]:
         """Writes that record ``report`` on its task, give the task back the pages its slice did not crawl and,
-        while pages remain, keep one of the task's subtasks out, or up to ``SCHEDEXT_TASK_LANES`` where its site
-        runs dry for the node that reported (:meth:`_dry`; one until its page count is known)."""
+        while pages remain, keep its lanes of subtasks out (:meth:`_open`: one, more where its site runs dry for the
+        node that reported)."""
         k, st = self.k, report.subtask
         writes = [Write.hincrby(k.counters, "reports")]
         try:
@@ -657,7 +657,8 @@ class _Decider:
             task.page_limit, task.time_limit = pages, limit
             if hole[0] < hole[1]:  # pages before other subtasks' slices: a subtask of their own
                 writes += self._slice(task, hole[0], int(hole[1] - hole[0]), report.node)
-            writes += self._open(task, pages, self._dry(task.site, report.node), report.node)
+            dry = task.total_pages is not None and self._dry(task.site, report.node)  # else one lane: no need to ask
+            writes += self._open(task, pages, dry, report.node)
         self.tasks[task.id] = task
         writes.append(Write.hset(k.tasks, task.id, self._record(task)))
         return writes
