@@ -1197,6 +1197,13 @@ class Control:
         tasks, leases, leased, stale_raw, records = rows[:5]
         silent_queues = rows[5:5 + len(t.silent)]
         self.estimates.update(fields, rows[5 + len(t.silent):])
+        # The tasks of the subtasks recalled without a report (lapsed leases, stale entries, silent nodes' queues):
+        # a recall counts them in or out of their task too. Read only when there are some (one round trip more).
+        recalled = {tid for raw in (*leased, *stale_raw, *(raw for q in silent_queues for raw in q))
+                    if (tid := _subtask_task(_parse_one(raw)))}.difference(tids)
+        if recalled:
+            more = sorted(recalled)
+            tids, tasks = [*tids, *more], [*tasks[:len(tids)], *r.hmget(k.tasks, more)]  # (read as "-" if none)
         snap.tasks = dict(zip(tids, tasks, strict=False))
         snap.lapsed = [LapsedLease(sid, lease, st) for sid, lease, st in zip(t.lapsed, leases, leased, strict=False)]
         snap.stale = list(zip(t.stale, stale_raw, strict=False))
@@ -1308,7 +1315,11 @@ def node_view(nid: str, raw: str | None, queued: int) -> NodeView | None:
 def _task_id(e: Entry) -> str | None:
     """The task id a report names, if it can be read at all (the decoders judge the rest)."""
     obj = _parse_one(e.raw) if e.whole else None
-    sub = obj.get("subtask") if obj else None
+    return _subtask_task(obj.get("subtask") if obj else None)
+
+
+def _subtask_task(sub: Any) -> str | None:
+    """The task id of a subtask record (a JSON object), if it names one."""
     tid = sub.get("task") if isinstance(sub, dict) else None
     return str(tid) if isinstance(tid, (str, int)) and not isinstance(tid, bool) else None
 

@@ -832,3 +832,32 @@ def test_nothing_is_allocated_to_a_node_after_its_close_returned_its_queue(store
     assert store.commit_many([(allocations[1].guards, allocations[1].writes)]) == [False]
     assert store.redis.llen(k.crawl("n1")) == 0 and store.redis.zcard(k.queued) == 0
     assert store.redis.zcard(k.waiting) == 2  # both wait for another node: nothing lost, nothing stranded
+
+
+def test_a_subtask_dead_lettered_without_a_report_leaves_its_task(store: Store) -> None:
+    """A dead letter is one subtask fewer out of its task whichever recall sent it there: its task record is read
+    for lapsed leases, stale crawl-queue entries and silent nodes' queues too, so the task can still end (and keeps
+    its lanes)."""
+    k = store.keys
+    for lapse in ("lease", "queue", "silent"):
+        store.redis.flushdb()
+        inject(store, {"name": "p", "sites": ["a.com"]})
+        store.heartbeat("n1", NODE_INFO, 30, [])
+        control = make_control(store, recall=DynamicRecall(threshold=30, max_recalls=3, backoff=0.0))  # 3 runs
+        control.tick()
+        for _ in range(3):  # each run on another node (a recalled subtask avoids the nodes it failed on)
+            for node in ("n1", "n2", "n3"):
+                store.heartbeat(node, NODE_INFO, 30, [])
+            if lapse == "lease":
+                [node] = [n for n in ("n1", "n2", "n3") if store.redis.llen(k.crawl(n))]
+                st, _, _ = take(store, node)
+                store.redis.zadd(k.leases, {st.id: 1.0})  # its deadline passed: the node died mid-run
+            elif lapse == "queue":
+                [sid] = store.redis.zrange(k.queued, 0, -1)
+                store.redis.zadd(k.queued, {sid: 1.0})  # queued long ago, never taken
+            else:
+                [node] = [n for n in ("n1", "n2", "n3") if store.redis.llen(k.crawl(n))]
+                store.redis.zadd(k.node_seen, {node: 1.0})  # the node holding it stopped heartbeating
+            control.tick()
+        assert store.redis.hlen(k.dead) == 1, lapse
+        assert _task_record(store)["open"] == 0, lapse

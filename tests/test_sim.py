@@ -418,13 +418,13 @@ class EveryTick(Logged):
         return False
 
     def _snapshot(self, reports: list[Report], failures: list[Report], stale: list[tuple[str, str | None]],
-                  nodes: list[NodeView], window: list[Subtask]) -> Snapshot:
+                  stale_tasks: set[str], nodes: list[NodeView], window: list[Subtask]) -> Snapshot:
         k = self.keys
         return Snapshot(keys=k, now=self.now, estimates=self.estimates, ids=self.ids,
                         reports=[Entry(k.sleeping, raw, len(raw)) for raw in (r.to_json() for r in reports)],
                         failures=[Entry(k.failed, raw, len(raw)) for raw in (r.to_json() for r in failures)],
                         tasks={tid: s.task.to_json() if (s := self.tasks.get(tid)) else None
-                               for tid in {r.subtask.task for r in (*reports, *failures)}},
+                               for tid in {r.subtask.task for r in (*reports, *failures)} | stale_tasks},
                         stale=stale, nodes=nodes, waiting=[(st.id, st.to_json()) for st in window])
 
     def _apply(self, decision: Decision) -> None:

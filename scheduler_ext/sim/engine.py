@@ -402,16 +402,18 @@ class Simulation:
         reports, self.reports = self.reports[:batch], self.reports[batch:]
         failures, self.failures = self.failures[:batch], self.failures[batch:]
         stale: list[tuple[str, str | None]] = []
+        stale_tasks: set[str] = set()
         while self.lost and self.lost[0][0] <= self.now and len(stale) < batch:
             _, st = self.lost.pop(0)
             stale.append((st.id, st.to_json()))
+            stale_tasks.add(st.task)
         self._behind = len(reports) >= batch or len(failures) >= batch  # as the control: TickRead.more
         window = self._window(size)
         # as the control: read as many more ids next tick as this window holds subtasks waiting out a retry delay
         healthy = HealthySites(self.estimates, self.now, self.strategies.recall_age)
         self._held = min(self.batch, sum(backing_off(self.strategies.recall, e[3], self.now, healthy)
                                          for e in window))
-        snap = self._snapshot(reports, failures, stale, nodes, [entry[3] for entry in window])
+        snap = self._snapshot(reports, failures, stale, stale_tasks, nodes, [entry[3] for entry in window])
         self.estimates.read()
         decisions = list(decide(snap, self.strategies, self.now))
         inputs = len(reports) + len(failures) + len(stale)
@@ -440,17 +442,18 @@ class Simulation:
             self._wake()
 
     def _snapshot(self, reports: list[Report], failures: list[Report], stale: list[tuple[str, str | None]],
-                  nodes: list[NodeView], window: list[Subtask]) -> Snapshot:
-        """What the control would read, on the object path (Snapshot.objects): reports, task records and waiting
-        subtasks go in as the objects the control would decode from Redis, and the records of the decisions'
-        writes come back as objects. A waiting subtask's "record" is its id, under which ``parsed`` holds it."""
+                  stale_tasks: set[str], nodes: list[NodeView], window: list[Subtask]) -> Snapshot:
+        """What the control would read, on the object path (Snapshot.objects): reports, task records (of the
+        reports and of the stale entries, ``stale_tasks``) and waiting subtasks go in as the objects the control
+        would decode from Redis, and the records of the decisions' writes come back as objects. A waiting
+        subtask's "record" is its id, under which ``parsed`` holds it."""
         k = self.keys
         return Snapshot(
             keys=k, now=self.now, estimates=self.estimates, ids=self.ids,
             reports=[Entry(k.sleeping, "", 0, report=r) for r in reports],
             failures=[Entry(k.failed, "", 0, report=r) for r in failures],
             tasks={tid: state.task if (state := self.tasks.get(tid)) else None
-                   for tid in {r.subtask.task for r in (*reports, *failures)}},
+                   for tid in {r.subtask.task for r in (*reports, *failures)} | stale_tasks},
             stale=stale, nodes=nodes, waiting=[(st.id, st.id) for st in window], parsed={st.id: st for st in window},
             objects=True)
 
