@@ -86,6 +86,8 @@ def test_make_options_validates_every_input() -> None:
         make_options(strategies="shared", overrides={"SCHEDEXT_TICK_INTERVAL": 0})
     with pytest.raises(ExperimentError, match="--nodes: expected at least 1 node"):
         make_options(nodes=0)
+    with pytest.raises(ExperimentError, match="scrapy_redis runs scrapy-redis's own spiders .* simulator does not"):
+        make_options(strategies="dynamic,scrapy_redis", sim=True)  # it would have run dynamic again, unnamed
     opts = make_options(profile=str(DUEL), duration=30, strategies="shared", ablations=True)
     assert opts.configurations == ["shared", "dynamic", "no_allocation", "no_modification", "no_recall"]
     assert [(n.id, n.address) for n in opts.nodes] == [("node1", "127.0.0.2"), ("node2", "127.0.0.3")]
