@@ -956,6 +956,12 @@ def test_bandit_sends_a_recalled_subtask_on_its_last_run_to_a_node_that_finishes
     # On its last run a failure dead-letters the subtask and stops its task: the node that finishes runs.
     last = replace(st("s1"), attempt=4, avoid=["n1"])
     assert assigned(BanditAllocation(recall_max=5).allocate([last], nodes, est, NOW)) == {"s1": "n3"}
+    # Past its patience, the last run still waits for such a node (n3 busy here) where any free node would do for a
+    # subtask with runs to spare.
+    busy = [node("n1"), node("n2"), node("n3", 0)]
+    aged_last, aged_spare = replace(last, since=NOW - 60), replace(spare, since=NOW - 60)
+    assert BanditAllocation(recall_max=5).allocate([aged_last], busy, est, NOW) == []
+    assert assigned(BanditAllocation(recall_max=5).allocate([aged_spare], busy, est, NOW)) == {"s1": "n2"}
     # With no node that finishes runs to fall back on, a run to spare is worth little on a node that never does.
     est.runs("a.com", "n3", *[(10, 100, 30, 2.0, False)] * 12)
     both = [replace(st("s2"), attempt=3, avoid=["n1"]), spare]  # s2 first in priority
