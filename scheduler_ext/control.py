@@ -1203,7 +1203,9 @@ class Control:
                     if (tid := _subtask_task(_parse_one(raw)))}.difference(tids)
         if recalled:
             more = sorted(recalled)
-            tids, tasks = [*tids, *more], [*tasks[:len(tids)], *r.hmget(k.tasks, more)]  # (read as "-" if none)
+            # ``tasks[:len(tids)]``: with no report naming a task the pipeline read the placeholder "-" (None)
+            tasks = [*tasks[:len(tids)], *r.hmget(k.tasks, more)]
+            tids = [*tids, *more]
         snap.tasks = dict(zip(tids, tasks, strict=False))
         snap.lapsed = [LapsedLease(sid, lease, st) for sid, lease, st in zip(t.lapsed, leases, leased, strict=False)]
         snap.stale = list(zip(t.stale, stale_raw, strict=False))
