@@ -473,6 +473,7 @@ class _Decider:
         self.decisions: list[Decision] = []
         self.fresh: list[Subtask] = []  # subtasks this tick puts into waiting (offered to allocation too)
         self.tasks: dict[str, Task] = {}  # task records this tick changed (set last by _advance: never torn)
+        self._undo: dict[str, Task | None] | None = None  # within an isolated call: what its records replaced
         self._split_tasks: set[str] = set()  # tasks a capped placement of this tick split (see _placed)
         self.unexpected = 0  # exceptions other than InvalidInput / ConfigurationError (a bug or a bad plug-in)
         self.views = {n.id: n for n in snap.nodes}
@@ -499,17 +500,24 @@ class _Decider:
                   on_error: Callable[..., Decision], *args: Any) -> None:
         """Run ``fn`` (which builds decisions without side effects until it returns); any exception becomes
         ``on_error(exc, *args)``: a dead-letter decision for the one entry."""
-        fresh = len(self.fresh)
+        fresh, self._undo = len(self.fresh), {}
         try:
             made = fn()
         except Exception as exc:  # noqa: BLE001 - anything about one entry must not stop the tick
             del self.fresh[fresh:]
+            for tid, was in self._undo.items():  # the task records as they were before the call
+                if was is None:
+                    del self.tasks[tid]
+                else:
+                    self.tasks[tid] = was
+            self._undo = None
             if not isinstance(exc, (InvalidInput, ConfigurationError)):
                 self.unexpected += 1
                 if self.unexpected == 1:  # the traceback once per tick: a plug-in failing on every entry
                     logger.warning("dead-lettering an entry after an unexpected error", exc_info=True)
             self.decisions.append(on_error(exc, *args))
             return
+        self._undo = None
         if isinstance(made, Decision):
             self.decisions.append(made)
         elif made:
@@ -538,6 +546,9 @@ class _Decider:
         writes = [self._dead_write(dead_id, kind=kind, reason=_reason(exc), attempts=0, last_node=None,
                                    source=e.key, **self._raw_fields(e.raw, e.size, cut=not e.whole)),
                   Write.hincrby(self.k.counters, counter[kind])]
+        if kind != "virtual":  # a run that ended, whose report could not be used: no longer out of its task
+            writes += (self._closed(e.report.subtask) if e.report
+                       else self._closed_raw(e.raw if e.whole else None, report=True))
         return Decision("dead", [e.guard], writes, subject=dead_id, dead=1, note=_reason(exc))
 
     def _text(self, e: Entry, what: str) -> str:
@@ -586,7 +597,7 @@ class _Decider:
                         payload=payload, next_page=page_limit, page_limit=page_limit, time_limit=time_limit)
             st = Subtask(id=sid, task=tid, site=site, group=group, type=task.type, priority=priority, first_page=0,
                          page_limit=page_limit, time_limit=time_limit, since=self.now, payload=payload)
-            self.tasks[tid] = task
+            self._put(task)
             writes += [Write.hset(k.tasks, tid, task.to_json()), *self._waiting_writes(st),
                        Write.hincrby(k.progress, f"{group}|tasks")]
         writes += [Write.hincrby(k.counters, "virtual_tasks"), Write.hincrby(k.counters, "tasks", len(specs))]
@@ -602,6 +613,14 @@ class _Decider:
             return self.tasks[tid]
         raw = self.snap.tasks.get(tid)
         return raw if raw is None or isinstance(raw, Task) else Task.from_json(raw)
+
+    def _put(self, task: Task) -> Task:
+        """``task`` as this tick's record of its task (what the tick's later entries read); within an isolated
+        call, the record it replaces is kept, to be put back if the call fails (:meth:`_isolated`)."""
+        if self._undo is not None and task.id not in self._undo:
+            self._undo[task.id] = self.tasks.get(task.id)
+        self.tasks[task.id] = task
+        return task
 
     def _going(self, tid: str) -> Task | None:
         """The record of task ``tid`` if it goes on: None for no record (a subtask pushed by hand), an unreadable
@@ -659,7 +678,7 @@ class _Decider:
                 writes += self._slice(task, hole[0], int(hole[1] - hole[0]), report.node)
             dry = task.total_pages is not None and self._dry(task.site, report.node)  # else one lane: no need to ask
             writes += self._open(task, pages, dry, report.node)
-        self.tasks[task.id] = task
+        self._put(task)
         writes.append(Write.hset(k.tasks, task.id, self._record(task)))
         return writes
 
@@ -703,7 +722,7 @@ class _Decider:
         task = None if st.attempt else self._going(st.task)
         if task is None:
             return []
-        task = self.tasks[task.id] = replace(task, retrying=task.retrying + 1)
+        task = self._put(replace(task, retrying=task.retrying + 1))
         writes = self._open(task, task.page_limit or self.strat.page_limit, dry, node)
         return [*writes, Write.hset(self.k.tasks, task.id, self._record(task))]
 
@@ -756,9 +775,22 @@ class _Decider:
         task = self._going(st.task)
         if task is None:
             return []
-        task = self.tasks[task.id] = replace(task, open=max(0, task.open - 1),
-                                             retrying=max(0, task.retrying - 1) if st.attempt else task.retrying)
+        task = self._put(replace(task, open=max(0, task.open - 1),
+                                 retrying=max(0, task.retrying - 1) if st.attempt else task.retrying))
         return [*self._ended(task), Write.hset(self.k.tasks, task.id, self._record(task))]
+
+    def _closed_raw(self, raw: str | None, *, report: bool = False) -> list[Write]:
+        """:meth:`_closed` for a subtask record (``report``: a report of it) that may not be one: nothing to count
+        out if it is unreadable."""
+        try:
+            obj = loads_object(raw or "null", "entry")
+            sub = obj.get("subtask") if report else obj  # a report's subtask, however bad the rest of it
+            if not isinstance(sub, dict):
+                return []
+            st = Subtask.from_dict(sub)
+        except InvalidInput:
+            return []
+        return self._closed(st)
 
     # --- 3. recall ----------------------------------------------------------------------------------------------
     def _recall_writes(self, st: Subtask, node: str | None, reason: str, decision: RecallDecision) -> list[Write]:
@@ -845,7 +877,7 @@ class _Decider:
         task = self._going(task_id)
         if task is None or task.next_page >= page:
             return []
-        task = self.tasks[task.id] = replace(task, next_page=page)
+        task = self._put(replace(task, next_page=page))
         return [Write.hset(self.k.tasks, task.id, self._record(task))]
 
     def _lapsed(self, lease: LapsedLease) -> Decision | None:
@@ -873,7 +905,8 @@ class _Decider:
         writes = [self._dead_write(sid, kind="lease", reason=f"lapsed lease: {_reason(exc)}", attempts=0,
                                    last_node=None, lease=shown(lease.lease or ""),
                                    **self._raw_fields(lease.subtask or "")),
-                  Write.zrem(k.leases, sid), Write.hdel(k.lease_info, sid), Write.hdel(k.subtasks, sid)]
+                  Write.zrem(k.leases, sid), Write.hdel(k.lease_info, sid), Write.hdel(k.subtasks, sid),
+                  *self._closed_raw(lease.subtask)]
         return Decision("dead", [Guard.zscore_le(k.leases, sid, self.now)], writes, subject=sid, dead=1,
                         note=_reason(exc))
 
@@ -898,7 +931,7 @@ class _Decider:
         assert st.node is not None and raw is not None
         writes = [self._dead_write(sid, kind="subtask", reason=f"recall failed: {_reason(exc)}",
                                    attempts=st.attempt, last_node=st.node, subtask=json.loads(st.to_json())),
-                  Write.zrem(k.queued, sid), Write.hdel(k.subtasks, sid)]
+                  Write.zrem(k.queued, sid), Write.hdel(k.subtasks, sid), *self._closed(st)]
         return Decision("dead", [Guard.lrem(k.crawl(st.node), raw)], writes, subject=sid, dead=1)
 
     def _silent(self, silent: SilentNode) -> None:
@@ -915,7 +948,8 @@ class _Decider:
                 dead_id = "q" + self.snap.ids.take(1)[0]
                 return Decision("dead", [guard], [self._dead_write(dead_id, kind="malformed", reason=_reason(exc),
                                                                    attempts=0, last_node=node,
-                                                                   **self._raw_fields(raw))],
+                                                                   **self._raw_fields(raw)),
+                                                  *self._closed_raw(raw)],
                                 subject=dead_id, dead=1)
 
             self._isolated(recall, dead)
@@ -993,8 +1027,8 @@ class _Decider:
         if task is None or task.id in self._split_tasks:
             return replace(got, node=nid, rest=left), []
         self._split_tasks.add(task.id)
-        task = self.tasks[task.id] = replace(task, open=task.open + 1,
-                                             retrying=task.retrying + 1 if st.attempt else task.retrying)
+        task = self._put(replace(task, open=task.open + 1,
+                                 retrying=task.retrying + 1 if st.attempt else task.retrying))
         rest = replace(st, id=self.snap.ids.take(1)[0], first_page=got.first_page + got.page_limit,
                        page_limit=left, rest=0, node=None, since=self.now)
         return replace(got, node=nid, rest=0), [*self._waiting_writes(rest),

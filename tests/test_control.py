@@ -417,6 +417,39 @@ def test_a_recall_strategy_whose_retry_delay_fails_holds_nothing_back() -> None:
     assert [d.subject for d in decide(snap, strategies, 100.0) if d.kind == "allocate"] == ["s3"]
 
 
+def test_an_entry_that_fails_halfway_leaves_the_task_records_as_they_were() -> None:
+    """What an entry's processing changed of its task before it raised is undone: the dead letter counts the
+    failed run out of the task as the task was, not as the half-done call left it (here the id source fails as the
+    recall opens a lane beside the recalled subtask, after the task was counted as retrying and as one more out)."""
+    from scheduler_ext.control import CountingIds, Entry, Snapshot, Strategies, decide
+    from scheduler_ext.models import Task
+    from scheduler_ext.strategies import NodeView
+
+    class FailingOnce(CountingIds):
+        armed = True
+
+        def take(self, n: int) -> list[str]:
+            if self.armed:
+                self.armed = False
+                raise RuntimeError("the id source is away")
+            return super().take(n)
+
+    keys = Keys("{t}")
+    task = Task(id="t1", site="a.com", total_pages=20, next_page=6, open=2, page_limit=3, time_limit=20.0)
+    st = Subtask("s1", "t1", "a.com", 0, 3, 20.0)
+    failed = Report(subtask=st, node="n1", outcome="failed", reason="HTTP 503", reported=200, offered=0,
+                    collected=0, pages=0, next_page=0, total_pages=20, started=90.0, ended=95.0).to_json()
+    snap = Snapshot(keys=keys, now=100.0, estimates=NoEstimates(), ids=FailingOnce(),
+                    failures=[Entry(keys.failed, failed, len(failed))], tasks={"t1": task.to_json()},
+                    nodes=[NodeView(id="n1", types=[0], free=2)])
+    strategies = Strategies(allocation=SharedAllocation(), modification=FixedModification(3, 20.0),
+                            recall=DynamicRecall(threshold=30, max_recalls=3), splitter=splitter, lanes=2,
+                            idle_lanes=2)
+    [dead] = [d for d in decide(snap, strategies, 100.0) if d.kind == "dead"]
+    [record] = [json.loads(w[3]) for w in dead.writes if w[0] == "hset" and w[1] == keys.tasks]
+    assert (record["open"], record["retrying"]) == (1, 0)
+
+
 def test_estimates_are_kept_across_ticks_and_only_changed_fields_are_read_again(store: Store) -> None:
     inject(store, {"name": "p", "sites": ["a.com"]}, {"name": "q", "sites": ["a.com"]})
     store.heartbeat("n1", NODE_INFO, 30, [])
@@ -859,5 +892,44 @@ def test_a_subtask_dead_lettered_without_a_report_leaves_its_task(store: Store) 
                 [node] = [n for n in ("n1", "n2", "n3") if store.redis.llen(k.crawl(n))]
                 store.redis.zadd(k.node_seen, {node: 1.0})  # the node holding it stopped heartbeating
             control.tick()
+        assert store.redis.hlen(k.dead) == 1, lapse
+        assert _task_record(store)["open"] == 0, lapse
+
+
+class _RaisingRecall(DynamicRecall):
+    def decide(self, subtask: Subtask, node: str | None, reason: str, *, failed: bool) -> Any:
+        raise RuntimeError("a recall plug-in's bug")
+
+
+class _RaisingModification(FixedModification):
+    def next_limits(self, report: Report, estimates: Any) -> Any:
+        raise RuntimeError("a modification plug-in's bug")
+
+
+def test_a_subtask_dead_lettered_because_a_plug_in_failed_leaves_its_task(store: Store) -> None:
+    """A plug-in that raises on a report (modification), a failure, a lapsed lease, a stale crawl-queue entry or a
+    silent node's queue (recall) dead-letters that one entry (the tick goes on) and counts its subtask out of its
+    task, once: the task can still end."""
+    k = store.keys
+    for lapse in ("report", "failure", "lease", "queue", "silent"):
+        store.redis.flushdb()
+        inject(store, {"name": "p", "sites": ["a.com"]})
+        store.heartbeat("n1", NODE_INFO, 30, [])
+        control = make_control(store, recall=_RaisingRecall(threshold=30, max_recalls=3),
+                               modification=_RaisingModification(3, 20.0))
+        control.tick()
+        assert _task_record(store)["open"] == 1, lapse
+        if lapse in ("report", "failure"):
+            st, token, _ = take(store, "n1")
+            assert finish(store, "n1", st, token, ok=lapse == "report", reason="HTTP 503")
+        elif lapse == "lease":
+            st, _, _ = take(store, "n1")
+            store.redis.zadd(k.leases, {st.id: 1.0})
+        elif lapse == "queue":
+            [sid] = store.redis.zrange(k.queued, 0, -1)
+            store.redis.zadd(k.queued, {sid: 1.0})
+        else:
+            store.redis.zadd(k.node_seen, {"n1": 1.0})
+        control.tick()
         assert store.redis.hlen(k.dead) == 1, lapse
         assert _task_record(store)["open"] == 0, lapse
