@@ -24,6 +24,7 @@ from product_crawl import services
 from product_crawl.cluster import LocalCluster
 from product_crawl.simweb.corpus import corpus_size
 from product_crawl.tasks import keywords_for
+from scheduler_ext.store import lease_node
 
 EVERYONE_SERVED = {"name": "faults", "description": "every node is served every result, pages a little slow",
                    "corpus": {"min": 40, "max": 60},
@@ -84,7 +85,7 @@ def quietly(fn: Callable[[], Any], default: Any = None) -> Any:
 def lease_holder(cluster: LocalCluster) -> str | None:
     """A live node that holds a lease now, if any."""
     leases = quietly(lambda: cluster.redis.hvals(cluster.store.keys.lease_info), [])
-    holders = [json.loads(raw).get("node") for raw in leases]
+    holders = [lease_node(raw) for raw in leases]
     return next((n for n in holders if isinstance(n, str) and cluster.alive(n)), None)
 
 

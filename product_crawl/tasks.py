@@ -184,6 +184,8 @@ def _decode(raw: str | bytes | Mapping[str, Any]) -> Mapping[str, Any]:
         data = json.loads(raw)
     except json.JSONDecodeError as exc:
         raise InvalidInput(f"not JSON: {exc}") from exc
+    except RecursionError as exc:
+        raise InvalidInput("JSON nested too deeply") from exc
     if not isinstance(data, dict):
         raise InvalidInput(f"expected a JSON object, got {_json_type(data)}")
     return data

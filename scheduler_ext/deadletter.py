@@ -68,7 +68,7 @@ def list_audit(store: Store, limit: int = 100) -> list[dict[str, Any]]:
     for raw in store.redis.lrange(store.keys.audit, 0, max(0, limit - 1)):
         try:
             record = json.loads(raw)
-        except ValueError:
+        except (ValueError, RecursionError):
             continue
         if isinstance(record, dict):
             out.append(record)

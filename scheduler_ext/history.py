@@ -72,7 +72,7 @@ def sample_of(status: dict[str, Any], extra: dict[str, Any] | None = None) -> di
 def _parse(raw: str) -> dict[str, Any] | None:
     try:
         s = json.loads(raw)
-    except ValueError:
+    except (ValueError, RecursionError):
         return None
     return s if isinstance(s, dict) and s.get("v") == HISTORY_VERSION else None
 

@@ -421,7 +421,8 @@ class SubtaskScheduler:
         try:
             obj = json.loads(raw)
             self.store.release(self.node_id, [(str(obj["id"]), token, float(obj.get("priority") or 0))])
-        except (redis.RedisError, ValueError, KeyError, TypeError) as exc:  # its lease lapses; the control recalls it
+        except (redis.RedisError, ValueError, KeyError, TypeError, RecursionError) as exc:
+            # its lease lapses; the control recalls it
             logger.error("could not return a subtask taken while closing (%s); it will be recalled", exc)
 
     def sync_politeness(self) -> None:

@@ -39,6 +39,17 @@ def load_script(name: str) -> str:
     return _INCLUDE.sub(lambda m: base.joinpath(f"{m.group(1)}.lua").read_text(encoding="utf-8"), source)
 
 
+def lease_node(raw: str | bytes | None) -> str | None:
+    """The node a ``lease_info`` record names (docs/redis-keys.md); None for a record that is not one (written by
+    hand, corrupt, hostile)."""
+    try:
+        info = json.loads(raw or "")
+    except (ValueError, RecursionError):
+        return None
+    node = info.get("node") if isinstance(info, dict) else None
+    return node if isinstance(node, str) else None
+
+
 class Guard(tuple):  # type: ignore[type-arg]
     """A condition of :meth:`Store.commit` (commit.lua), built by name: ``Guard.tail_is(key, raw)``.
 

@@ -530,3 +530,42 @@ def test_status_and_dead_letter_tools_read_garbage_without_failing(store: Store,
         deadletter.requeue(store, "d1")
     deadletter.drop(store, "d1")
     assert not store.redis.hexists(k.dead, "d1")
+
+
+DEEP = BAD_ENTRIES["deep nesting"]
+
+
+def test_json_nested_too_deeply_is_garbage_to_every_reader(store: Store, raw: redis_lib.Redis,
+                                                           tmp_path: Any) -> None:
+    """JSON nested past Python's recursion limit, in Redis or in a file the user names, is a record that is not
+    one (skipped, or refused with an error naming the input), never a RecursionError out of a reader."""
+    from product_crawl.dashboard.data import DashboardData
+    from product_crawl.simweb.profile import ProfileError, load_profile
+    from product_crawl.tasks import parse_virtual_task
+    from scheduler_ext import deadletter
+    from scheduler_ext.history import History
+    from scheduler_ext.store import lease_node
+
+    k = store.keys
+    raw.hset(k.tasks, "t9", DEEP)
+    raw.xadd(k.runs, {"report": DEEP})
+    raw.lpush(k.audit, DEEP)
+    raw.rpush(k.history, DEEP)
+    data = DashboardData(store, History(store))
+    assert data.products("p")["tasks"] == [] and data.deadletters()["failures"] == []
+    assert deadletter.list_audit(store) == [] and History(store).read() == []
+    assert lease_node(DEEP) is None and lease_node(b'{"node": "n1"}') == "n1" and lease_node(b"[1]") is None
+    with pytest.raises(InvalidInput, match="nested too deeply"):
+        parse_virtual_task(DEEP.decode())
+    profile = tmp_path / "deep.json"
+    profile.write_bytes(DEEP)
+    with pytest.raises(ProfileError, match="deep.json.*nested too deeply"):
+        load_profile(str(profile))
+    from lxml import etree
+
+    from product_crawl.engines.baidu import _json_attr
+    from product_crawl.experiment.runner import parse_overrides
+
+    block = etree.fromstring('<div data-tools="' + DEEP.decode()[:5000] + '"/>')  # past the limit, as a page can
+    assert _json_attr(block, "@data-tools") == {}
+    assert parse_overrides(["SCHEDEXT_PREFETCH=" + DEEP.decode()]) == {"SCHEDEXT_PREFETCH": DEEP.decode()}

@@ -32,6 +32,7 @@ from product_crawl.deploy.scrapyd import (
 from product_crawl.services import generate_password
 from scheduler_ext.defaults import setting_float
 from scheduler_ext.status import collect_status
+from scheduler_ext.store import lease_node
 
 ACTIONS = ("deploy", "up", "status", "down", "scrapyd-config")
 
@@ -199,7 +200,7 @@ class Command(ScrapyCommand):
             self.exitcode = 1
             return
         q = collect_status(store, setting_float(self.settings, "SCHEDEXT_RECALL_THRESHOLD"))["queues"]
-        owners = [json.loads(raw).get("node") for raw in store.redis.hvals(store.keys.lease_info)]
+        owners = [lease_node(raw) for raw in store.redis.hvals(store.keys.lease_info)]
         leased = sum(1 for node in owners if names is None or node in names)
         crawl = sum(n for node, n in q["crawl"].items() if names is None or node in names)
         who = "" if names is None else f"by {', '.join(sorted(names))}: "

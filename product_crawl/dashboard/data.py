@@ -49,7 +49,7 @@ def _csv_cell(value: Any) -> Any:
 def _task(raw: str) -> dict[str, Any] | None:
     try:
         t = json.loads(raw)
-    except ValueError:
+    except (ValueError, RecursionError):
         return None
     if not isinstance(t, dict):
         return None
@@ -62,7 +62,7 @@ def _task(raw: str) -> dict[str, Any] | None:
 def _run(entry_id: str, raw: str | None) -> dict[str, Any] | None:
     try:
         r = json.loads(raw or "")
-    except ValueError:
+    except (ValueError, RecursionError):
         return None
     st = r.get("subtask") if isinstance(r, dict) else None
     if not isinstance(st, dict):

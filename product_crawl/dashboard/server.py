@@ -324,7 +324,7 @@ class Api(Resource):
     def _entry_id(request: Request) -> str:
         try:
             body = json.loads(request.content.read(4096) or b"{}")
-        except ValueError:
+        except (ValueError, RecursionError):
             raise HttpError(400, 'body: expected JSON {"id": "<dead-letter id>"}') from None
         entry_id = body.get("id") if isinstance(body, dict) else None
         if not isinstance(entry_id, str) or not entry_id:

@@ -257,7 +257,7 @@ def _json_attr(block: etree._Element, xpath: str) -> dict[str, Any]:
         return {}
     try:
         value = json.loads(raw)
-    except ValueError:  # not JSON: some layouts use single quotes; nothing we need then
+    except (ValueError, RecursionError):  # not JSON: some layouts use single quotes; nothing we need then
         return {}
     return value if isinstance(value, dict) else {}
 

@@ -168,7 +168,7 @@ def parse_overrides(values: Sequence[str]) -> dict[str, Any]:
             raise ExperimentError(f"--set: expected NAME=VALUE, got {value!r}")
         try:
             out[name.strip()] = json.loads(text)
-        except json.JSONDecodeError:
+        except (json.JSONDecodeError, RecursionError):
             out[name.strip()] = text
     return out
 

@@ -185,6 +185,8 @@ def load_profile(spec: str | Path) -> Profile:
         obj = json.loads(text)
     except json.JSONDecodeError as exc:
         raise ProfileError(f"{source}: not valid JSON: {exc}") from exc
+    except RecursionError as exc:
+        raise ProfileError(f"{source}: not a profile: JSON nested too deeply") from exc
     return parse_profile(obj, source)
 
 

@@ -36,7 +36,7 @@ class PlainSearchSpider(ResultPages, Spider):
             raise NotConfigured("PC_PLAIN_PAGES: expected the path of a JSON list of result pages, got nothing")
         try:
             entries = json.loads(Path(path).read_text(encoding="utf-8"))
-        except (OSError, ValueError) as exc:
+        except (OSError, ValueError, RecursionError) as exc:
             raise NotConfigured(f"PC_PLAIN_PAGES={path!r}: expected a JSON list of result pages ({exc})") from exc
         if not isinstance(entries, list) or not all(
                 isinstance(e, dict) and isinstance(e.get("url"), str) and isinstance(e.get("meta"), dict)

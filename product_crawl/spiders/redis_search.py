@@ -100,7 +100,7 @@ class RedisSearchSpider(ResultPages, RedisSpider):
         try:
             entry = json.loads(data)
             url, meta = str(entry["url"]), dict(entry.get("meta") or {})
-        except (ValueError, KeyError, TypeError) as exc:  # not our JSON: log and skip, as scrapy-redis does
+        except (ValueError, KeyError, TypeError, RecursionError) as exc:  # not our JSON: skip, as scrapy-redis does
             self.logger.warning("start URL entry is not {\"url\": ..., \"meta\": {...}} JSON (%s): %r", exc, data)
             return []
         return Request(url, callback=self.parse, meta=meta, dont_filter=True)
