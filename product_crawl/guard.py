@@ -36,7 +36,7 @@ from urllib.parse import urlsplit
 from scrapy import Request, signals
 from scrapy.exceptions import DownloadCancelledError
 
-from product_crawl.engines import DEFAULT_BASE_URLS
+from product_crawl.engines import engine_base_urls
 
 logger = logging.getLogger(__name__)
 
@@ -65,7 +65,7 @@ class EngineHostMiddleware:
 
     @classmethod
     def from_crawler(cls, crawler: Any) -> EngineHostMiddleware:
-        return cls(crawler, {**DEFAULT_BASE_URLS, **crawler.settings.getdict("PC_ENGINE_BASE_URLS")})
+        return cls(crawler, engine_base_urls(crawler.settings))
 
     def process_request(self, request: Request) -> None:
         if _origin(request.url) not in self.allowed:

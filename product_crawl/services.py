@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import re
 import secrets
 import shutil
 import signal
@@ -35,6 +34,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
+
+from scheduler_ext.connection import mask_url
 
 logger = logging.getLogger(__name__)
 
@@ -64,17 +65,6 @@ class ServiceState:
 def generate_password() -> str:
     """A random password for a service we configure (URL-safe, 32 characters)."""
     return secrets.token_urlsafe(24)
-
-
-def mask_url(url: str) -> str:
-    """``url`` with its password replaced by ``***``, for output and logs.
-
-    >>> mask_url("mongodb://pc:s3cret@m1.example,m2.example/?replicaSet=rs0")
-    'mongodb://pc:***@m1.example,m2.example/?replicaSet=rs0'
-    >>> mask_url("redis://:s3cret@127.0.0.1:6379/0"), mask_url("redis://127.0.0.1:6379/0")
-    ('redis://:***@127.0.0.1:6379/0', 'redis://127.0.0.1:6379/0')
-    """
-    return re.sub(r"^([a-z][a-z0-9+.-]*://[^:/@]*):[^@]*@", r"\1:***@", url, flags=re.IGNORECASE)
 
 
 def with_password(url: str, password: str | None) -> str:

@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 import json
+import os
+from pathlib import Path
 
+import pytest
 import redis as redis_lib
 from conftest import run_scrapy
 
+from scheduler_ext.connection import check_redis_url, redis_from_settings
+from scheduler_ext.exceptions import ConfigurationError
 from scheduler_ext.keys import Keys
 from scheduler_ext.models import Subtask
 
@@ -70,3 +75,68 @@ def test_bad_strategy_path_fails_at_start_naming_the_setting(prefix: str, scrapy
                          "-s", "SCHEDEXT_MODIFICATION=scheduler_ext.strategies.nothing.Here"], scrapy_env, timeout=60)
     assert result.returncode != 0
     assert "SCHEDEXT_MODIFICATION" in result.stderr and "scheduler_ext.strategies.nothing.Here" in result.stderr
+
+
+# --- malformed settings and options: one line naming the input, never a traceback -----------------------------------
+
+URL_EXPECTED = "REDIS_URL: expected redis://HOST:PORT/DB (or rediss://HOST:PORT/DB, unix:///PATH), got "
+
+
+@pytest.mark.parametrize("command", [["status"], ["deadletter", "list"], ["inject", "--product", "x"],
+                                     ["dashboard", "--port", "0"], ["services", "status"]])
+def test_malformed_redis_url_is_named_by_every_command(command: list[str], tmp_path: Path) -> None:
+    env = dict(os.environ, REDIS_URL="notaurl", PC_SERVICES_DIR=str(tmp_path / "var"))
+    result = run_scrapy(command, env, timeout=60)
+    assert result.returncode == 1, result.stderr
+    assert f"{URL_EXPECTED}'notaurl'" in result.stderr and "Traceback" not in result.stderr, result.stderr
+
+
+def test_redis_url_port_out_of_range_is_named_without_the_password(tmp_path: Path) -> None:
+    env = dict(os.environ, REDIS_URL="redis://:s3cret@h:99999999/0", PC_SERVICES_DIR=str(tmp_path / "var"))
+    result = run_scrapy(["status"], env, timeout=60)
+    assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr
+    assert f"{URL_EXPECTED}'redis://:***@h:99999999/0' (Port out of range" in result.stderr
+    assert "s3cret" not in result.stderr
+
+
+@pytest.mark.parametrize(("url", "problem"), [
+    ("notaurl", ""), ("redis:/h", ""), ("redis://h:abc/0", "Port could not be cast"), ("redis://h/x", "database"),
+    ("redis://h/0?db=x", "Invalid value for 'db'"), ("redis://[::1/0", "Invalid IPv6"), ("unix://", "socket path"),
+])
+def test_check_redis_url_names_the_setting(url: str, problem: str) -> None:
+    with pytest.raises(ConfigurationError, match="^REDIS_URL: expected redis://") as info:
+        check_redis_url(url)
+    assert problem in str(info.value)
+
+
+def test_check_redis_url_accepts_what_redis_py_accepts() -> None:
+    for url in ("redis://127.0.0.1:6379/0", "redis://h", "rediss://:pw@h:6380/2", "unix:///tmp/redis.sock",
+                "redis://u:p@h:1/?db=3"):
+        check_redis_url(url)
+
+
+def test_redis_params_that_is_not_a_dict_is_named() -> None:
+    for value in ("[1]", "{", "[" * 100_000):
+        with pytest.raises(ConfigurationError, match="^REDIS_PARAMS: expected a dict"):
+            redis_from_settings({"REDIS_PARAMS": value})
+
+
+@pytest.mark.parametrize("value", ["-1", "0", "nan", "inf", "1e308", "2s"])
+def test_status_watch_must_be_seconds(value: str, scrapy_env: dict[str, str]) -> None:
+    # --watch=0 used to run once and exit 0; the others to crash in time.sleep.
+    result = run_scrapy(["status", f"--watch={value}"], dict(scrapy_env, REDIS_URL="redis://127.0.0.1:1/0"))
+    assert result.returncode == 2, result.stderr
+    assert (f"argument --watch: expected a number of seconds > 0 and <= 86400, got {value!r}"
+            in result.stderr), result.stderr  # refused before connecting: this Redis URL does not answer
+
+
+@pytest.mark.parametrize(("command", "value"), [
+    (["split", "牛奶"], "[1]"), (["split", "牛奶"], '{"baidu": 5}'), (["split", "牛奶"], "[" * 100_000),
+    (["parse_page", "tests/pages/baidu_2017.html"], "[[["),
+    (["parse_page", "tests/pages/baidu_2017.html"], '{"baidu": "ftp://x"}'),
+])
+def test_bad_engine_base_urls_are_named_by_split_and_parse_page(command: list[str], value: str) -> None:
+    result = run_scrapy([*command, "-s", f"PC_ENGINE_BASE_URLS={value}"], timeout=60)
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    assert "error: PC_ENGINE_BASE_URLS" in result.stderr and "expected" in result.stderr, result.stderr
+    assert len(result.stderr) < 1000  # a 100,000-character value is shown cut short

@@ -265,6 +265,21 @@ def test_dashboard_command_refuses_default_credentials(scrapy_env: dict[str, str
     assert result.returncode == 2 and "PC_DASHBOARD_PORT: expected a TCP port 0 .. 65535" in result.stderr
 
 
+@pytest.mark.parametrize("value", ["nan", "-1", "0", "inf", "1e9"])
+def test_dashboard_refresh_must_be_seconds(value: str, scrapy_env: dict[str, str]) -> None:
+    # It reaches the browser as JSON: NaN made /api/session invalid JSON. Refused before anything opens.
+    result = run_scrapy(["dashboard", "--port", "0", "-s", f"PC_DASHBOARD_REFRESH={value}"], env=scrapy_env, timeout=60)
+    assert result.returncode == 2, result.stderr
+    assert f"PC_DASHBOARD_REFRESH: expected a number of seconds > 0 and <= 3600, got {value!r}" in result.stderr
+
+
+def test_dashboard_that_cannot_listen_names_the_host(scrapy_env: dict[str, str], prefix: str) -> None:
+    result = run_scrapy(["dashboard", "--host", "nonsense.invalid", "--port", "0", "-s", f"SCHEDEXT_PREFIX={prefix}"],
+                        env=scrapy_env, timeout=60)
+    assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr
+    assert "error: cannot listen on host 'nonsense.invalid' port 0 (--host / PC_DASHBOARD_HOST" in result.stderr
+
+
 def _wait(predicate: Any, timeout: float = 30.0) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

@@ -232,6 +232,8 @@ def test_plan_gives_each_node_its_id_and_address_and_places_control_and_standby(
     ("h11", "expected TARGET=N"), ("h13=1", "unknown target 'h13'; scrapy.cfg has: h11, h12"),
     ("h11=1,h11=2", "given twice"), ("h11=0", "at least one node"),
     ("h11=3", "target h11 has only 2 node_addresses"),
+    # Digits str.isdigit takes but a count is not written with: int() refuses "²" and reads "١" as 1.
+    ("h11=²", "expected TARGET=N"), ("h11=١", "expected TARGET=N"),
 ])
 def test_plan_refuses_bad_node_counts(nodes: str, message: str) -> None:
     with pytest.raises(DeployError, match=message):
@@ -266,3 +268,69 @@ def test_scrapyd_config_command_writes_a_private_config_with_a_generated_passwor
     again = run_scrapy(["cluster", "scrapyd-config", str(tmp_path / "sd")])
     assert again.returncode == 1 and "already exists" in again.stderr
     assert conf.read_text().count(values["password"]) == 1  # not overwritten
+
+
+def _cluster_options(argv: list[str]) -> Any:
+    """``scrapy cluster``'s options parsed the way scrapy.cmdline parses them (its parser, its conflict handler)."""
+    from scrapy.cmdline import ScrapyArgumentParser
+    from scrapy.settings import Settings
+
+    from product_crawl.commands.cluster import Command
+
+    command = Command()
+    command.settings = Settings()
+    parser = ScrapyArgumentParser(conflict_handler="resolve")
+    command.add_options(parser)
+    return parser.parse_args(argv)
+
+
+def test_cluster_set_is_for_jobs_and_scrapy_s_for_the_command() -> None:
+    opts = _cluster_options(["-s", "REDIS_URL=redis://:pw@h/0", "--set", "SCHEDEXT_PREFIX={pc}", "--set=A=1"])
+    assert opts.set == ["REDIS_URL=redis://:pw@h/0"]  # Scrapy's own -s: the command's settings, not a job's
+    assert opts.job_settings == ["SCHEDEXT_PREFIX={pc}", "A=1"]
+
+
+def _one_target_env(tmp_path: Path) -> dict[str, str]:
+    """A user-level scrapy.cfg with one target on a closed port: commands fail before they reach it, or say so."""
+    (tmp_path / "scrapy.cfg").write_text("[deploy:t1]\nurl = http://127.0.0.1:1/\nproject = product_crawl\n"
+                                         "username = pc-operator\npassword = not-a-secret\n")
+    return dict(os.environ, XDG_CONFIG_HOME=str(tmp_path))
+
+
+def test_cluster_up_names_a_bad_set_pair(tmp_path: Path) -> None:
+    done = run_scrapy(["cluster", "up", "--nodes", "t1=1", "--set", "FOO"], _one_target_env(tmp_path))
+    assert done.returncode == 1
+    assert done.stderr == "error: --set: expected NAME=VALUE with an upper-case setting name, got 'FOO'\n"
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--port", "-5"], "argument --port: expected a TCP port 1 .. 65535, got '-5'"),
+    (["--port", "99999999"], "argument --port: expected a TCP port 1 .. 65535, got '99999999'"),
+    (["--port", "0"], "argument --port: expected a TCP port 1 .. 65535, got '0'"),
+    (["--max-proc", "0"], "argument --max-proc: expected a whole number of jobs >= 1, got '0'"),
+    (["--max-proc", "-3"], "argument --max-proc: expected a whole number of jobs >= 1, got '-3'"),
+    (["--bind", ""], "argument --bind: expected an IP address to listen on (e.g. 127.0.0.1, 0.0.0.0 or ::), got ''"),
+])
+def test_scrapyd_config_refuses_bad_options(tmp_path: Path, args: list[str], message: str) -> None:
+    done = run_scrapy(["cluster", "scrapyd-config", str(tmp_path / "sd"), *args])
+    assert done.returncode == 2 and message in done.stderr and "Traceback" not in done.stderr
+    assert not (tmp_path / "sd").exists()
+
+
+def test_scrapyd_config_refuses_a_file_for_its_folder(tmp_path: Path) -> None:
+    page = tmp_path / "p.html"
+    page.write_text("<html></html>")
+    done = run_scrapy(["cluster", "scrapyd-config", str(page)])
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert f"DIR {str(page)!r}: expected a folder (new or existing) for scrapyd.conf" in done.stderr
+    below = run_scrapy(["cluster", "scrapyd-config", str(page / "sd")])
+    assert below.returncode == 1 and "Traceback" not in below.stderr
+    assert f"DIR {str(page / 'sd')!r}: cannot write scrapyd.conf there: Not a directory" in below.stderr
+
+
+@pytest.mark.parametrize("timeout", ["nan", "-1", "inf"])
+def test_cluster_down_refuses_a_timeout_that_is_not_finite_seconds(tmp_path: Path, timeout: str) -> None:
+    done = run_scrapy(["cluster", "down", f"--timeout={timeout}"], _one_target_env(tmp_path))
+    assert done.returncode == 2
+    assert f"argument --timeout: expected a finite number of seconds >= 0, got {timeout!r}" in done.stderr
+    assert "cannot reach scrapyd" not in done.stderr  # refused before any target is asked

@@ -5,6 +5,7 @@ simulated web."""
 from __future__ import annotations
 
 import json
+import re
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from threading import Thread
@@ -15,9 +16,10 @@ import pytest
 from scrapy.http import HtmlResponse
 from scrapy.settings import Settings
 
-from product_crawl.engines import Engine, Result, ResultPage, get_engine, normalize_date
+from product_crawl.engines import Engine, Result, ResultPage, engine_base_urls, get_engine, normalize_date
 from product_crawl.engines.baidu import BaiduEngine, fit_query
 from product_crawl.engines.weibo import WeiboEngine
+from scheduler_ext.exceptions import ConfigurationError
 
 PAGES = Path(__file__).parent / "pages"
 WORDS = ["光明", "高钙", "牛奶"]
@@ -97,6 +99,23 @@ def test_get_engine_unknown_names_the_engine():
         get_engine("no_such_module.Engine", allowed)
     with pytest.raises(ValueError, match="not an Engine subclass"):
         get_engine("product_crawl.engines.Result", allowed)
+
+
+@pytest.mark.parametrize(("value", "message"), [
+    ("[1]", "PC_ENGINE_BASE_URLS: expected a JSON object mapping engine names to http(s) URLs"),
+    ('{"baidu": 5}', "PC_ENGINE_BASE_URLS['baidu']: expected an http(s) URL with a host"),
+    ('{"baidu": "ftp://127.0.0.1"}', "PC_ENGINE_BASE_URLS['baidu']: expected an http(s) URL"),
+    ('{"baidu": "http://h:99999"}', "PC_ENGINE_BASE_URLS['baidu']: expected an http(s) URL"),
+    ("[[[", "PC_ENGINE_BASE_URLS: expected a JSON object"),
+    ("[" * 100_000 + "]" * 100_000, "PC_ENGINE_BASE_URLS: expected a JSON object"),  # past the recursion limit
+    ([["baidu", "http://x"]], "PC_ENGINE_BASE_URLS: expected a JSON object"),
+])
+def test_bad_engine_base_urls_name_the_setting(value: object, message: str) -> None:
+    settings = Settings({"PC_ENGINE_BASE_URLS": value})
+    with pytest.raises(ConfigurationError, match="^" + re.escape(message)) as info:
+        get_engine("baidu", settings)
+    assert len(str(info.value)) < 400  # a 200,000-character value is shown cut short
+    assert engine_base_urls(Settings({"PC_ENGINE_BASE_URLS": ""}))["baidu"] == "http://www.baidu.com"
 
 
 class _LocalEngine(BaiduEngine):

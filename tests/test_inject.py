@@ -50,6 +50,15 @@ def test_parse_lines_numbers_lines_past_comments_and_blanks() -> None:
     assert errors == ["f.txt line 5: type: expected 0 (meta search) or 1 (Weibo search), got 5"]
 
 
+def test_parse_lines_refuses_json_that_is_not_an_object() -> None:
+    text = '[{"name": "特仑苏"}]\n"光明高钙牛奶"\n[进口] 雀巢奶粉\n"光明" 高钙牛奶\n'
+    tasks, errors = inject.parse_lines(text, "f.txt")
+    # Not JSON: names that happen to start with a bracket or a quote.
+    assert [t.name for t in tasks] == ["[进口] 雀巢奶粉", '"光明" 高钙牛奶']
+    assert errors == ["f.txt line 1: expected a JSON object or a plain product name, got a JSON array",
+                      "f.txt line 2: expected a JSON object or a plain product name, got a JSON string"]
+
+
 def test_bad_third_line_injects_nothing(tmp_path: Path, redis_url: str, prefix: str,
                                         redis: redis_lib.Redis) -> None:
     path = tmp_path / "tasks.jsonl"

@@ -214,7 +214,7 @@ def _profile(**changes: Any) -> dict[str, Any]:
         (_profile(nodes={"node-one": {}}), "nodes.node-one: expected an IP address"),
         (
             _profile(nodes={NODE1: {"latency": {"mean": -0.1}}}),
-            f"nodes.{NODE1}.latency.mean: expected a number >= 0",
+            f"nodes.{NODE1}.latency.mean: expected a number in [0, 600], got -0.1",
         ),
         (
             _profile(nodes={NODE1: {"phases": [{"after": 50, "share": 0.1}, {"after": 40, "share": 0.2}]}}),
@@ -225,6 +225,18 @@ def _profile(**changes: Any) -> dict[str, Any]:
         (_profile(default={"share": 0.3}), "default.latency: missing required field"),
         (_profile(corpus={"min": 50, "max": 10}), "corpus.max: expected an integer >= corpus.min"),
         (_profile(nodes={NODE1: {"error_rate": True}}), f"nodes.{NODE1}.error_rate: expected a number"),
+        (  # a request would wait that long: the crawl hangs
+            _profile(default={**TEST_PROFILE["default"], "latency": {"mean": 1e308}}),
+            "default.latency.mean: expected a number in [0, 600], got 1e+308",
+        ),
+        (
+            _profile(nodes={NODE1: {"latency": {"mean": 1, "spread": 601}}}),
+            f"nodes.{NODE1}.latency.spread: expected a number in [0, 600], got 601",
+        ),
+        (
+            _profile(nodes={NODE1: {"phases": [{"after": 1e308, "share": 0.1}]}}),
+            f"nodes.{NODE1}.phases[0].after: expected a number in [0, 604800], got 1e+308",
+        ),
     ],
 )
 def test_bad_profiles_name_the_field(data: dict[str, Any], message: str):
@@ -255,6 +267,14 @@ def test_bad_profile_file_is_refused_by_both_launchers(tmp_path: Path):
         load_profile(not_json)
     with pytest.raises(RuntimeError, match="not valid JSON"):
         SimWebProcess(not_json).start()
+
+
+def test_empty_host_is_refused_by_both_launchers():
+    # Twisted takes an empty interface as every interface; the simulated web is for loopback.
+    for argv in ([sys.executable, "-m", "product_crawl.simweb"], [sys.executable, "-m", "scrapy", "simweb"]):
+        proc = subprocess.run([*argv, "--host", ""], cwd=PROJECT, capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 2 and proc.stdout == "", proc.stdout
+        assert "argument --host: expected an address to listen on, such as 127.0.0.1" in proc.stderr, proc.stderr
 
 
 def test_scrapy_simweb_command_prints_the_url(tmp_path: Path):

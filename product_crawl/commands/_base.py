@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import argparse
+import math
 import os
 import sys
 from typing import Any
 
 from scheduler_ext.connection import ensure_reachable, redis_from_settings
 from scheduler_ext.defaults import setting
-from scheduler_ext.exceptions import ServiceUnavailable
+from scheduler_ext.exceptions import ConfigurationError, ServiceUnavailable
 from scheduler_ext.keys import Keys
 from scheduler_ext.store import Store
 
@@ -32,14 +34,32 @@ def write_line(text: str) -> None:
 
 
 def open_store(settings: Any) -> Store | None:
-    """The deployment's store (``SCHEDEXT_PREFIX`` on ``REDIS_URL``), or None after an error naming the server."""
-    client = redis_from_settings(settings)
+    """The deployment's store (``SCHEDEXT_PREFIX`` on ``REDIS_URL``), or None after an error naming the server
+    (or the setting, if ``REDIS_URL`` / ``REDIS_PARAMS`` is malformed)."""
     try:
+        client = redis_from_settings(settings)
         ensure_reachable(client)
-    except ServiceUnavailable as exc:
+    # ConfigurationError: a malformed REDIS_URL or REDIS_PARAMS; ServiceUnavailable: Redis does not answer.
+    except (ConfigurationError, ServiceUnavailable) as exc:
         write_error(str(exc))
         return None
     return Store(client, Keys(setting(settings, "SCHEDEXT_PREFIX")))
+
+
+def seconds(value: Any, maximum: float = 86400.0) -> float:
+    """``value`` as a finite number of seconds, more than 0 and at most ``maximum``; ArgumentTypeError (which
+    argparse reports as it is) saying what was expected: an argparse ``type``, and a settings check.
+
+    >>> seconds("2.5"), seconds(1)
+    (2.5, 1.0)
+    """
+    try:
+        number = float(str(value).strip())
+    except ValueError:
+        number = math.nan
+    if not (math.isfinite(number) and 0 < number <= maximum):
+        raise argparse.ArgumentTypeError(f"expected a number of seconds > 0 and <= {maximum:g}, got {value!r}")
+    return number
 
 
 def write_error(text: str) -> None:

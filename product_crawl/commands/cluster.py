@@ -8,7 +8,9 @@ in each scrapyd daemon's environment: job settings become command-line arguments
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import json
+import math
 import sys
 import time
 from pathlib import Path
@@ -29,12 +31,68 @@ from product_crawl.deploy.scrapyd import (
     read_targets,
     write_scrapyd_config,
 )
-from product_crawl.services import generate_password
+from product_crawl.services import generate_password, tcp_port
 from scheduler_ext.defaults import setting_float
 from scheduler_ext.status import collect_status
 from scheduler_ext.store import lease_node
 
 ACTIONS = ("deploy", "up", "status", "down", "scrapyd-config")
+
+
+# argparse types: an ArgumentTypeError's message is shown as ``argument --OPTION: <message>``.
+def scrapyd_port(value: str) -> int:
+    """A port for scrapyd: 1 .. 65535; not 0, which picks a port that no scrapy.cfg target could name.
+
+    >>> scrapyd_port("6800")
+    6800
+    """
+    try:
+        port = tcp_port(value)
+    except argparse.ArgumentTypeError:
+        port = 0
+    if port == 0:
+        raise argparse.ArgumentTypeError(f"expected a TCP port 1 .. 65535, got {value!r}")
+    return port
+
+
+def max_proc(value: str) -> int:
+    """scrapyd's ``max_proc``: jobs at once, at least 1 (scrapyd reads 0 as "4 per CPU", not as none).
+
+    >>> max_proc("16")
+    16
+    """
+    text = value.strip()
+    if not (text.isascii() and text.isdecimal()) or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number of jobs >= 1, got {value!r}")
+    return int(text)
+
+
+def bind_address(value: str) -> str:
+    """The IP address scrapyd listens on (scrapyd's ``bind_address`` is an address, not a host name).
+
+    >>> bind_address("0.0.0.0"), bind_address("::1")
+    ('0.0.0.0', '::1')
+    """
+    try:
+        return str(ipaddress.ip_address(value.strip()))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an IP address to listen on (e.g. 127.0.0.1, 0.0.0.0 or ::), "
+                                         f"got {value!r}") from None
+
+
+def grace_seconds(value: str) -> float:
+    """``down --timeout``: a finite number of seconds >= 0 (NaN would make every job look overdue at once).
+
+    >>> grace_seconds("30"), grace_seconds("0")
+    (30.0, 0.0)
+    """
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = math.nan
+    if not (math.isfinite(seconds) and seconds >= 0):
+        raise argparse.ArgumentTypeError(f"expected a finite number of seconds >= 0, got {value!r}")
+    return seconds
 
 
 class Command(ScrapyCommand):
@@ -57,22 +115,28 @@ class Command(ScrapyCommand):
                             help="up: crawl nodes per target (plus one control and one standby)")
         parser.add_argument("--controls", type=int, default=2, choices=(0, 1, 2),
                             help="up: controls to run: a leader and a standby (default 2)")
-        parser.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
-                            help="up: a setting for every job (no secrets: scrapyd shows them in ps)")
+        # Its own dest: Scrapy's -s NAME=VALUE stays this command's own setting (REDIS_URL for status, ...),
+        # while --set (which the conflict handler takes over from Scrapy's -s/--set) is for the jobs.
+        parser.add_argument("--set", dest="job_settings", action="append", default=[], metavar="NAME=VALUE",
+                            help="up: a setting for every job (no secrets: scrapyd shows them in ps); "
+                                 "-s NAME=VALUE sets this command's own settings")
         parser.add_argument("--only", action="append", default=[], metavar="NAME",
                             help="down: only this node or control id (repeatable), e.g. for a rolling upgrade")
-        parser.add_argument("--timeout", type=float, default=60.0,
+        parser.add_argument("--timeout", type=grace_seconds, default=60.0,
                             help="down: seconds a job gets to stop gracefully before it is killed (default 60)")
         parser.add_argument("--json", action="store_true", help="status: one JSON object")
-        parser.add_argument("--bind", default="127.0.0.1", help="scrapyd-config: bind address (default loopback)")
-        parser.add_argument("--port", type=int, default=6800, help="scrapyd-config: HTTP port (default 6800)")
-        parser.add_argument("--max-proc", type=int, default=16, help="scrapyd-config: max_proc (default 16)")
+        parser.add_argument("--bind", type=bind_address, default="127.0.0.1",
+                            help="scrapyd-config: IP address to listen on (default loopback)")
+        parser.add_argument("--port", type=scrapyd_port, default=6800,
+                            help="scrapyd-config: HTTP port, 1 .. 65535 (default 6800)")
+        parser.add_argument("--max-proc", type=max_proc, default=16,
+                            help="scrapyd-config: max_proc, >= 1 (default 16)")
 
     def run(self, args: list[str], opts: argparse.Namespace) -> None:
         if not args or args[0] not in ACTIONS or len(args) != (2 if args[0] == "scrapyd-config" else 1):
             raise UsageError(f"expected one of: {', '.join(ACTIONS)} (scrapyd-config takes a folder)")
         if args[0] == "scrapyd-config":
-            self._scrapyd_config(Path(args[1]), opts)
+            self._scrapyd_config(args[1], opts)
             return
         try:
             targets = read_targets()
@@ -98,14 +162,23 @@ class Command(ScrapyCommand):
         return chosen
 
     # --- scrapyd-config ---------------------------------------------------------------------------------------
-    def _scrapyd_config(self, folder: Path, opts: argparse.Namespace) -> None:
+    def _scrapyd_config(self, name: str, opts: argparse.Namespace) -> None:
         """A scrapyd.conf with a generated password (mode 0600), loopback unless --bind; prints no secret."""
+        folder = Path(name)
+        if not name or (folder.exists() and not folder.is_dir()):
+            raise UsageError(f"DIR {name!r}: expected a folder (new or existing) for scrapyd.conf", print_help=False)
         if (folder / "scrapyd.conf").exists():  # a new password would lock out everyone using the old one
             write_error(f"{folder / 'scrapyd.conf'} already exists; remove it to write a new one")
             self.exitcode = 1
             return
-        path = write_scrapyd_config(folder / "scrapyd.conf", port=opts.port, username="pc-operator",
-                                    password=generate_password(), bind_address=opts.bind, max_proc=opts.max_proc)
+        try:
+            path = write_scrapyd_config(folder / "scrapyd.conf", port=opts.port, username="pc-operator",
+                                        password=generate_password(), bind_address=opts.bind,
+                                        max_proc=opts.max_proc)
+        except OSError as exc:  # the folder cannot be made or written: a file on its path, no permission, ...
+            write_error(f"DIR {name!r}: cannot write scrapyd.conf there: {exc.strerror or exc}")
+            self.exitcode = 1
+            return
         write_line(f"wrote {path} (mode 0600): scrapyd on {opts.bind}:{opts.port}, user pc-operator, a generated "
                    f"password; start it with `scrapyd` in {folder}, and take the password for scrapy.cfg with\n"
                    f"  export PC_SCRAPYD_PASSWORD=\"$(sed -n 's/^password = //p' {path})\"")
@@ -122,7 +195,7 @@ class Command(ScrapyCommand):
     def _up(self, targets: dict[str, Target], chosen: list[Target], opts: argparse.Namespace) -> None:
         if not opts.nodes:
             raise UsageError("up needs --nodes TARGET=N[,TARGET=N...]")
-        jobs = plan_jobs(parse_nodes(opts.nodes, targets), targets, parse_settings(opts.set), opts.controls)
+        jobs = plan_jobs(parse_nodes(opts.nodes, targets), targets, parse_settings(opts.job_settings), opts.controls)
         stamp = time.strftime("%Y%m%dT%H%M%S")
         active = {t: self._active_names(ScrapydClient(targets[t])) for t in {j.target for j in jobs}}
         for job in jobs:

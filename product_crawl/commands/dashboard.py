@@ -11,7 +11,7 @@ from scrapy.utils.log import configure_logging
 from scrapy.utils.reactor import install_reactor
 from twisted.internet.error import CannotListenError
 
-from product_crawl.commands._base import open_store, write_error, write_line
+from product_crawl.commands._base import open_store, seconds, write_error, write_line
 from product_crawl.dashboard.auth import Auth, CredentialsError
 from product_crawl.dashboard.data import DashboardData
 from product_crawl.dashboard.server import LISTENING_PREFIX, Dashboard, is_loopback
@@ -48,6 +48,13 @@ class Command(ScrapyCommand):
             self.exitcode = 2
             return
         try:
+            # Seconds between the page's polls; it also goes to the browser as JSON, where NaN is not a number.
+            refresh = seconds(s.get("PC_DASHBOARD_REFRESH", 2.0), maximum=3600.0)
+        except argparse.ArgumentTypeError as exc:
+            write_error(f"PC_DASHBOARD_REFRESH: {exc}")
+            self.exitcode = 2
+            return
+        try:
             auth = Auth.from_settings(s)
         except CredentialsError as exc:
             write_error(str(exc))
@@ -64,7 +71,6 @@ class Command(ScrapyCommand):
         collection = mongo[s.get("MONGO_DATABASE") or "product_crawl"][s.get("PC_MONGO_COLLECTION") or "items"]
         interval = setting_float(s, "SCHEDEXT_HISTORY_INTERVAL")
         history = History(store, interval, setting_int(s, "SCHEDEXT_HISTORY_MAXLEN"))
-        refresh = s.getfloat("PC_DASHBOARD_REFRESH", 2.0)
         data = DashboardData(store, history, collection,
                              recall_threshold=setting_float(s, "SCHEDEXT_RECALL_THRESHOLD"),
                              status_ttl=min(1.0, refresh / 2), audit_maxlen=setting_int(s, "SCHEDEXT_AUDIT_MAXLEN"))
@@ -75,7 +81,9 @@ class Command(ScrapyCommand):
         try:
             url = dashboard.listen(host, port)
         except CannotListenError as exc:
-            write_error(f"--port {port} on {host}: cannot listen: {exc.socketError}")
+            # The address or the port may be at fault (a name that does not resolve, a port in use).
+            write_error(f"cannot listen on host {host!r} port {port} (--host / PC_DASHBOARD_HOST, "
+                        f"--port / PC_DASHBOARD_PORT): {exc.socketError}")
             self.exitcode = 1
             return
         if not is_loopback(host) and not auth.actions_enabled:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 import time
@@ -25,7 +26,7 @@ from product_crawl.cluster import PROJECT_DIR, LocalCluster, paper_nodes
 from product_crawl.commands._base import write_error, write_line
 from product_crawl.commands.status import render, table
 from product_crawl.dashboard.server import DashboardProcess
-from product_crawl.services import DEFAULT_MONGO_URI, ServiceError, Services, mask_url
+from product_crawl.services import DEFAULT_MONGO_URI, ServiceError, Services, mask_url, tcp_port
 
 PRODUCTS: list[dict[str, Any]] = [{"name": "光明高钙牛奶"}, {"name": "特仑苏", "brand": "蒙牛"}, {"name": "蒙牛早餐奶"},
                                   {"name": "雀巢中老年奶粉"}]
@@ -33,6 +34,8 @@ SITES = ["12315.com", "315tousu.org", "t.163.com", "cca.org.cn", "weibo.com"]
 # Shorter intervals than production so that two minutes show every mechanism (documented in docs/settings.md).
 DEMO_SETTINGS = {"SCHEDEXT_HEARTBEAT_INTERVAL": 2, "SCHEDEXT_RECALL_THRESHOLD": 20, "SCHEDEXT_TICK_INTERVAL": 0.5,
                  "SCHEDEXT_PATIENCE": 10, "LOG_LEVEL": "INFO"}
+MIN_DURATION, MAX_DURATION = 10.0, 86400.0
+"""Bounds of ``--duration``, in seconds: long enough to see a tick, at most a day."""
 
 
 def demo_tasks() -> list[dict[str, Any]]:
@@ -57,15 +60,17 @@ class Command(ScrapyCommand):
 
     def add_options(self, parser: argparse.ArgumentParser) -> None:
         super().add_options(parser)
-        parser.add_argument("--duration", type=float, default=100.0, help="seconds of crawling (default 100)")
+        parser.add_argument("--duration", type=float, default=100.0,
+                            help=f"seconds of crawling, {MIN_DURATION:.0f} .. {MAX_DURATION:.0f} (default 100)")
         parser.add_argument("--out", default="var/demo", help="folder for summary.json and logs (default var/demo)")
-        parser.add_argument("--dashboard-port", type=int, default=6802,
+        parser.add_argument("--dashboard-port", type=tcp_port, default=6802,
                             help="port of the live dashboard on 127.0.0.1 (default 6802; 0 picks a free one)")
 
     def run(self, args: list[str], opts: argparse.Namespace) -> None:
         assert self.settings is not None
-        if opts.duration < 10:
-            write_error(f"--duration: expected at least 10 seconds, got {opts.duration}")
+        # Checked before any service starts; NaN fails every comparison, so it is refused by name.
+        if not (math.isfinite(opts.duration) and MIN_DURATION <= opts.duration <= MAX_DURATION):
+            write_error(f"--duration: expected {MIN_DURATION:.0f} .. {MAX_DURATION:.0f} seconds, got {opts.duration:g}")
             self.exitcode = 2
             return
         services = Services(self.settings)

@@ -1,8 +1,9 @@
 """``scrapy inject [FILE|-] [--product NAME ...]``: push virtual tasks to ``<SCHEDEXT_PREFIX>:virtual``.
 
 Input, one task a line: a JSON virtual task (a line starting with ``{``) or a plain product name; blank lines
-and lines starting with ``#`` are skipped. ``-`` (or no FILE and no ``--product`` with stdin not a terminal)
-reads stdin. ``--product`` names come after the file's tasks, in the order given.
+and lines starting with ``#`` are skipped. A line that is a JSON array or string (``[{"name": ...}]``,
+``"特仑苏"``) is a bad line, not a name with brackets or quotes. ``-`` (or no FILE and no ``--product`` with
+stdin not a terminal) reads stdin. ``--product`` names come after the file's tasks, in the order given.
 
 All input is validated first: any bad line exits with code 2, naming the line and the problem, and nothing is
 injected. Then every task's canonical JSON is LPUSHed in input order in one MULTI/EXEC transaction, so the
@@ -14,6 +15,7 @@ about a second.
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,7 +28,7 @@ from product_crawl.commands._base import write_error, write_line
 from product_crawl.tasks import VirtualTask, parse_virtual_task
 from scheduler_ext.connection import describe, ensure_reachable, redis_from_settings
 from scheduler_ext.defaults import setting
-from scheduler_ext.exceptions import InvalidInput, ServiceUnavailable
+from scheduler_ext.exceptions import ConfigurationError, InvalidInput, ServiceUnavailable
 from scheduler_ext.keys import Keys
 
 PUSH_CHUNK = 1000
@@ -44,16 +46,36 @@ def parse_lines(text: str, source: str) -> tuple[list[VirtualTask], list[str]]:
     ['光明高钙牛奶', '特仑苏']
     >>> errors  # doctest: +ELLIPSIS
     ["in line 5: unknown field 'nam'; expected only: v, name, ..."]
+    >>> tasks, errors = parse_lines('[{"name": "特仑苏"}]\\n"光明高钙牛奶"\\n[进口] 雀巢奶粉', "in")
+    >>> [t.name for t in tasks], errors[1]
+    (['[进口] 雀巢奶粉'], 'in line 2: expected a JSON object or a plain product name, got a JSON string')
     """
     tasks: list[VirtualTask] = []
     errors: list[str] = []
     for lineno, line in _numbered(text):
         try:
-            # A plain name is validated as {"name": line}: same rules, same canonical form.
-            tasks.append(parse_virtual_task(line if line.startswith("{") else {"name": line}))
+            tasks.append(_line_task(line))
         except InvalidInput as exc:
             errors.append(f"{source} line {lineno}: {exc}")
     return tasks, errors
+
+
+def _line_task(line: str) -> VirtualTask:
+    """One input line as a virtual task: JSON if it starts with ``{``, else a plain product name, unless the line
+    is a JSON array or string: a list of tasks or a quoted name pasted by mistake would become a name with
+    brackets or quotes. A line that starts with ``[`` or ``"`` but is not JSON (``[进口] 雀巢奶粉``) is a name."""
+    if line.startswith("{"):
+        return parse_virtual_task(line)
+    if line.startswith(("[", '"')):
+        try:
+            json.loads(line)
+        except (json.JSONDecodeError, RecursionError):  # not JSON: a name that starts with a bracket or a quote
+            pass
+        else:
+            kind = "array" if line.startswith("[") else "string"
+            raise InvalidInput(f"expected a JSON object or a plain product name, got a JSON {kind}")
+    # A plain name is validated as {"name": line}: same rules, same canonical form.
+    return parse_virtual_task({"name": line})
 
 
 def _numbered(text: str) -> Iterator[tuple[int, str]]:
@@ -112,7 +134,12 @@ class Command(ScrapyCommand):
 
         assert self.settings is not None
         key = Keys(setting(self.settings, "SCHEDEXT_PREFIX")).virtual
-        client = redis_from_settings(self.settings)
+        try:
+            client = redis_from_settings(self.settings)
+        except ConfigurationError as exc:  # a malformed REDIS_URL or REDIS_PARAMS
+            write_error(f"nothing injected: {exc}")
+            self.exitcode = 1
+            return
         try:
             ensure_reachable(client)
             push(client, key, tasks)

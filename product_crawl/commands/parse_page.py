@@ -16,12 +16,14 @@ import json
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from scrapy.commands import ScrapyCommand
 from scrapy.exceptions import UsageError
 from scrapy.http import HtmlResponse
 
 from product_crawl.commands._base import OutputClosed, write_line
+from scheduler_ext.exceptions import ConfigurationError
 
 
 class Command(ScrapyCommand):
@@ -49,17 +51,25 @@ class Command(ScrapyCommand):
         if len(args) != 1:
             raise UsageError(f"expected one FILE (a saved result page), got {len(args)} arguments",
                              print_help=False)
+        if not args[0]:  # Path("") is the current folder: say what is wrong with what was given
+            raise UsageError("FILE '': expected the path of a saved result page", print_help=False)
+        if opts.url is not None:
+            check_url(opts.url)
+        if opts.encoding is not None:
+            check_encoding(opts.encoding)
         from product_crawl.engines import get_engine
 
         try:
             engine = get_engine(opts.engine, self.settings)
         except (ValueError, ImportError) as exc:  # unknown name, bad dotted path or bad engine setting
             raise UsageError(f"--engine: {exc}", print_help=False) from exc
+        except ConfigurationError as exc:  # a malformed setting (PC_ENGINE_BASE_URLS): its message names it
+            raise UsageError(str(exc), print_help=False) from exc
         path = Path(args[0])
         try:
             body = path.read_bytes()
         except OSError as exc:
-            raise UsageError(f"FILE {str(path)!r}: cannot read it: {exc.strerror or exc}", print_help=False) from exc
+            raise UsageError(f"FILE {args[0]!r}: cannot read it: {exc.strerror or exc}", print_help=False) from exc
         url = opts.url or f"{engine.base_url}/"
         try:
             response = HtmlResponse(url=url, body=body, encoding=opts.encoding)
@@ -69,6 +79,29 @@ class Command(ScrapyCommand):
             write_line(json.dumps(report(engine, response, str(path)), ensure_ascii=False, indent=1))
         except OutputClosed:
             return
+
+
+def check_url(url: str) -> None:
+    """Raise a UsageError naming ``--url`` unless ``url`` is an absolute http(s) URL with a host (and a valid port)."""
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018  (reading it raises ValueError for a port out of range or not a number)
+    except ValueError:  # e.g. an unclosed IPv6 bracket
+        parts = None
+    if parts is None or parts.scheme.lower() not in ("http", "https") or not parts.hostname:
+        raise UsageError(f"--url: expected an absolute http(s) URL with a host, got {url!r}", print_help=False)
+
+
+def check_encoding(name: str) -> None:
+    """Raise a UsageError naming ``--encoding`` unless ``name`` is a text encoding Python knows (gbk, utf-8, ...)."""
+    try:
+        # Not b"": decoding nothing never looks the codec up. LookupError: unknown, or not a text encoding (base64).
+        b"a".decode(name)
+    except LookupError:
+        raise UsageError(f"--encoding: expected a text encoding such as gbk or utf-8, got {name!r}",
+                         print_help=False) from None
+    except UnicodeError:  # a text encoding that cannot decode one byte alone (utf-16 needs two): fine
+        pass
 
 
 def report(engine: Any, response: HtmlResponse, name: str) -> dict[str, Any]:

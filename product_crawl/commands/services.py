@@ -8,6 +8,8 @@ import sys
 from scrapy.commands import ScrapyCommand
 
 from product_crawl.services import ServiceError, Services, mask_url
+from scheduler_ext.connection import check_redis_url
+from scheduler_ext.exceptions import ConfigurationError
 
 
 class Command(ScrapyCommand):
@@ -26,6 +28,13 @@ class Command(ScrapyCommand):
         assert self.settings is not None
         services = Services(self.settings)
         action = args[0]
+        if action != "stop":  # stop only reads pid files: a malformed URL must not keep it from stopping servers
+            try:
+                check_redis_url(services.redis_url, "REDIS_URL" if services.redis_explicit else "PC_EMBEDDED_REDIS_URL")
+            except ConfigurationError as exc:
+                print(f"error: {exc}", file=sys.stderr)
+                self.exitcode = 1
+                return
         if action == "start":
             try:
                 states = services.start()

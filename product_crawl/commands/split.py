@@ -17,7 +17,7 @@ from scrapy.exceptions import UsageError
 
 from product_crawl.commands._base import OutputClosed, write_line
 from product_crawl.tasks import parse_virtual_task, split, split_keyword_args
-from scheduler_ext.exceptions import InvalidInput
+from scheduler_ext.exceptions import ConfigurationError, InvalidInput
 
 
 class Command(ScrapyCommand):
@@ -72,6 +72,8 @@ class Command(ScrapyCommand):
             vt = parse_virtual_task(task)
             specs = split(vt, self.settings)
         except InvalidInput as exc:  # the arguments do not make a valid virtual task
+            raise UsageError(str(exc), print_help=False) from exc
+        except ConfigurationError as exc:  # an engine setting is malformed (PC_ENGINE_BASE_URLS)
             raise UsageError(str(exc), print_help=False) from exc
 
         from product_crawl.engines import get_engine

@@ -10,7 +10,7 @@ from typing import Any
 
 from scrapy.commands import ScrapyCommand
 
-from product_crawl.commands._base import OutputClosed, open_store, write_line
+from product_crawl.commands._base import OutputClosed, open_store, seconds, write_line
 from scheduler_ext.config import Config
 from scheduler_ext.status import collect_status
 
@@ -80,8 +80,8 @@ class Command(ScrapyCommand):
     def add_options(self, parser: argparse.ArgumentParser) -> None:
         super().add_options(parser)
         parser.add_argument("--json", action="store_true", help="print the snapshot as one JSON object")
-        parser.add_argument("--watch", nargs="?", type=float, const=2.0, default=None, metavar="SECONDS",
-                            help="repeat every SECONDS (default 2) until interrupted")
+        parser.add_argument("--watch", nargs="?", type=seconds, const=2.0, default=None, metavar="SECONDS",
+                            help="repeat every SECONDS (default 2, at most 86400) until interrupted")
 
     def run(self, args: list[str], opts: argparse.Namespace) -> None:
         assert self.settings is not None

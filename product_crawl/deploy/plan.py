@@ -20,6 +20,8 @@ JOB_SETTINGS = ("SCHEDEXT_NODE_ID", "SCHEDEXT_BIND_ADDRESS", "SCHEDEXT_NODE_TYPE
 SECRET_SETTINGS = ("REDIS_URL", "REDIS_PARAMS", "MONGO_URI")
 _URL_WITH_PASSWORD = re.compile(r"://[^/@\s]*:[^/@\s]*@")
 _SETTING_NAME = re.compile(r"[A-Z][A-Z0-9_]*")
+#: A node count: ASCII digits only (``str.isdigit`` also takes ``²`` and other digits ``int`` refuses or reads).
+_COUNT = re.compile(r"[0-9]+")
 
 
 @dataclass(frozen=True)
@@ -42,7 +44,7 @@ def parse_nodes(text: str, targets: Mapping[str, Target]) -> dict[str, int]:
     for part in (p.strip() for p in text.split(",")):
         name, sep, number = part.partition("=")
         name = name.strip()
-        if not sep or not number.strip().isdigit():
+        if not sep or not _COUNT.fullmatch(number.strip()):
             raise DeployError(f"--nodes: expected TARGET=N[,TARGET=N...], got {part!r}")
         if name not in targets:
             raise DeployError(f"--nodes: unknown target {name!r}; scrapy.cfg has: {', '.join(sorted(targets))}")

@@ -23,6 +23,7 @@ docs/engines.md lists the page layouts each parser reads and what counts as a bl
 from __future__ import annotations
 
 import functools
+import json
 import math
 import re
 from collections.abc import Iterable, Mapping, Sequence
@@ -36,6 +37,8 @@ from scrapy.selector import Selector
 from scrapy.settings import BaseSettings, Settings
 from scrapy.utils.misc import load_object
 
+from scheduler_ext.exceptions import ConfigurationError
+
 __all__ = [
     "DEFAULT_BASE_URLS",
     "DEFAULT_WEIBO_EXTRA_WORD",
@@ -44,6 +47,7 @@ __all__ = [
     "PageProblem",
     "Result",
     "ResultPage",
+    "engine_base_urls",
     "get_engine",
     "normalize_date",
 ]
@@ -191,7 +195,8 @@ def get_engine(name_or_path: str, settings: BaseSettings | Mapping[str, Any] | N
     """The engine registered as ``name_or_path`` in :data:`ENGINES`, or the :class:`Engine` subclass at that
     dotted path, configured from ``settings`` (a Scrapy settings object, a plain dict, or None for defaults).
 
-    Raises ValueError naming the engine (and listing the known names) if it cannot be found.
+    Raises ValueError naming the engine (and listing the known names) if it cannot be found, and
+    ConfigurationError naming the setting if ``PC_ENGINE_BASE_URLS`` is malformed (:func:`engine_base_urls`).
     """
     if settings is None:
         settings = Settings()
@@ -214,11 +219,63 @@ def get_engine(name_or_path: str, settings: BaseSettings | Mapping[str, Any] | N
             f"unknown engine {name_or_path!r}; known engines: {', '.join(sorted(ENGINES))}"
             " (or give the dotted path of an Engine subclass)"
         )
-    base_urls = {**DEFAULT_BASE_URLS, **settings.getdict("PC_ENGINE_BASE_URLS")}
-    base_url = base_urls.get(cls.name) or cls.default_base_url
+    base_url = engine_base_urls(settings).get(cls.name) or cls.default_base_url
     if not base_url:
         raise ValueError(f"engine {name_or_path!r}: no base URL; set PC_ENGINE_BASE_URLS[{cls.name!r}]")
     return cls(base_url, **cls.options_from_settings(settings))
+
+
+_BASE_URLS_EXPECTED = 'a JSON object mapping engine names to http(s) URLs, e.g. {"baidu": "http://127.0.0.1:8000"}'
+
+
+def engine_base_urls(settings: BaseSettings) -> dict[str, str]:
+    """``PC_ENGINE_BASE_URLS`` (a dict, or its JSON text as ``-s`` gives it) over :data:`DEFAULT_BASE_URLS`.
+
+    Raises ConfigurationError naming the setting unless it maps names to http(s) URLs with a host.
+
+    >>> engine_base_urls(Settings({"PC_ENGINE_BASE_URLS": '{"baidu": "http://127.0.0.1:8000"}'}))["baidu"]
+    'http://127.0.0.1:8000'
+    """
+    raw = settings.get("PC_ENGINE_BASE_URLS")
+    value = raw
+    if isinstance(raw, str):
+        try:
+            value = json.loads(raw) if raw.strip() else {}
+        # Not JSON, or nested past the parser's recursion limit.
+        except (ValueError, RecursionError) as exc:
+            raise ConfigurationError(f"PC_ENGINE_BASE_URLS: expected {_BASE_URLS_EXPECTED}, "
+                                     f"got {_shorten(raw)} ({type(exc).__name__})") from exc
+    if value is None:
+        value = {}
+    if not isinstance(value, Mapping):
+        raise ConfigurationError(f"PC_ENGINE_BASE_URLS: expected {_BASE_URLS_EXPECTED}, got {_shorten(raw)}")
+    urls = dict(DEFAULT_BASE_URLS)
+    for name, url in value.items():
+        if not isinstance(name, str) or not name:
+            raise ConfigurationError(f"PC_ENGINE_BASE_URLS: expected {_BASE_URLS_EXPECTED}, "
+                                     f"got the engine name {_shorten(name)}")
+        if not _is_http_url(url):
+            raise ConfigurationError(f"PC_ENGINE_BASE_URLS[{name!r}]: expected an http(s) URL with a host, "
+                                     f"e.g. http://127.0.0.1:8000, got {_shorten(url)}")
+        urls[name] = url
+    return urls
+
+
+def _is_http_url(url: Any) -> bool:
+    if not isinstance(url, str):
+        return False
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018  (reading it raises ValueError for a port out of range or not a number)
+    except ValueError:  # e.g. an unclosed IPv6 bracket
+        return False
+    return parts.scheme.lower() in ("http", "https") and bool(parts.hostname)
+
+
+def _shorten(value: Any, limit: int = 200) -> str:
+    """``repr(value)``, cut to ``limit`` characters: a message must stay readable whatever was given."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
 
 
 _YMD = re.compile(r"((?:19|20)\d\d)\s*[-年/.]\s*(\d{1,2})\s*[-月/.]\s*(\d{1,2})(?!\d)")

@@ -43,6 +43,11 @@ BUILTIN_PROFILES = ("paper", "duel", "alike")
 
 _RULE_FIELDS = ("share", "latency", "error_rate", "block_rate")
 
+#: Seconds: the longest latency mean or spread. A request waits that long; a longer one only hangs the crawl.
+MAX_LATENCY = 600.0
+#: Seconds: the latest a phase may start (a week); experiments run for minutes, a larger value is a typo.
+MAX_PHASE_AFTER = 7 * 86400.0
+
 
 class ProfileError(ValueError):
     """Raised if a profile cannot be read or does not validate; the message names the file and the field."""
@@ -302,8 +307,8 @@ class _Validator:
             lat = self.object(
                 obj["latency"], f"{path}.latency", required=("mean",), allowed=("mean", "spread")
             )
-            mean = self.number(lat["mean"], f"{path}.latency.mean", minimum=0)
-            spread = self.number(lat.get("spread", 0.0), f"{path}.latency.spread", minimum=0)
+            mean = self.number(lat["mean"], f"{path}.latency.mean", minimum=0, maximum=MAX_LATENCY)
+            spread = self.number(lat.get("spread", 0.0), f"{path}.latency.spread", minimum=0, maximum=MAX_LATENCY)
             out["latency"] = Latency(mean, spread)
         return out
 
@@ -316,7 +321,7 @@ class _Validator:
         for i, raw_phase in enumerate(raw_phases):
             ppath = f"{path}.phases[{i}]"
             pobj = self.object(raw_phase, ppath, required=("after",), allowed=("after", *_RULE_FIELDS))
-            after = self.number(pobj["after"], f"{ppath}.after", minimum=0)
+            after = self.number(pobj["after"], f"{ppath}.after", minimum=0, maximum=MAX_PHASE_AFTER)
             if phases and after <= phases[-1].after:
                 self.fail(
                     f"{ppath}.after", f"expected phases sorted by 'after' (> {_fmt(phases[-1].after)})", after

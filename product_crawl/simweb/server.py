@@ -487,6 +487,20 @@ def serve(profile: str, host: str = "127.0.0.1", port: int = 0, seed: int = 0) -
     return 0
 
 
+def listen_host(value: str) -> str:
+    """``value`` as an address to listen on; ArgumentTypeError for an empty one, which Twisted takes as every
+    interface: the simulated web is meant for loopback, so all interfaces must be asked for by name (0.0.0.0).
+
+    >>> listen_host(" 127.0.0.1 ")
+    '127.0.0.1'
+    """
+    host = value.strip()
+    if not host:
+        raise argparse.ArgumentTypeError(f"expected an address to listen on, such as 127.0.0.1 (0.0.0.0 for every "
+                                         f"interface), got {value!r}")
+    return host
+
+
 def build_arg_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
     """The options shared by ``python -m product_crawl.simweb`` and ``scrapy simweb``."""
     if parser is None:
@@ -501,7 +515,8 @@ def build_arg_parser(parser: argparse.ArgumentParser | None = None) -> argparse.
         help="built-in profile or JSON file (default: paper)",
     )
     parser.add_argument("--port", type=tcp_port, default=0, help="TCP port; 0 picks a free one (default: 0)")
-    parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
+    parser.add_argument("--host", type=listen_host, default="127.0.0.1",
+                        help="address to listen on (default: 127.0.0.1)")
     parser.add_argument("--seed", type=int, default=0, help="corpus and random seed (default: 0)")
     return parser
 

@@ -1,0 +1,53 @@
+"""Bad options and arguments of ``scrapy parse_page`` and ``scrapy demo``: refused by name before any work starts.
+
+Run as a person runs them (``scrapy ...`` subprocesses); none of them reaches a service.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+from conftest import run_scrapy
+
+PAGE = str(Path(__file__).parent / "pages" / "baidu_2021.html")
+
+
+@pytest.mark.parametrize("url", ["http://[::1", "notaurl", "ftp://x/", "", "http://x:99999/", "http:///path"])
+def test_parse_page_refuses_a_url_that_is_not_absolute_http(url: str) -> None:
+    done = run_scrapy(["parse_page", PAGE, f"--url={url}"])
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert f"--url: expected an absolute http(s) URL with a host, got {url!r}" in done.stderr
+
+
+@pytest.mark.parametrize("encoding", ["nope", "base64"])
+def test_parse_page_refuses_an_unknown_encoding(encoding: str) -> None:
+    done = run_scrapy(["parse_page", PAGE, "--encoding", encoding])
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert f"--encoding: expected a text encoding such as gbk or utf-8, got {encoding!r}" in done.stderr
+
+
+def test_parse_page_names_an_empty_file_argument_as_given() -> None:
+    done = run_scrapy(["parse_page", ""])
+    assert done.returncode == 2
+    assert "FILE '': expected the path of a saved result page" in done.stderr
+
+
+@pytest.mark.parametrize("duration", ["nan", "inf", "1e308", "5"])
+def test_demo_refuses_a_duration_out_of_range(duration: str) -> None:
+    # Services on closed ports: had the check let the value through, the demo would fail on Redis, not start.
+    env = dict(os.environ, REDIS_URL="redis://127.0.0.1:1/0", MONGO_URI="mongodb://127.0.0.1:1/")
+    done = run_scrapy(["demo", f"--duration={duration}"], env)
+    assert done.returncode == 2
+    assert f"--duration: expected 10 .. 86400 seconds, got {float(duration):g}" in done.stderr
+    assert "redis" not in done.stderr
+
+
+@pytest.mark.parametrize("port", ["-5", "99999999"])
+def test_demo_refuses_a_dashboard_port_out_of_range(port: str) -> None:
+    env = dict(os.environ, REDIS_URL="redis://127.0.0.1:1/0", MONGO_URI="mongodb://127.0.0.1:1/")
+    done = run_scrapy(["demo", f"--dashboard-port={port}"], env)
+    assert done.returncode == 2 and "redis" not in done.stderr
+    assert f"argument --dashboard-port: expected a TCP port 0 .. 65535 (0 picks a free one), got {port!r}" \
+        in done.stderr
