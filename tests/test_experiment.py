@@ -45,7 +45,9 @@ NODE_KEYS = {"address", "label", "items", "moved_out", "moved_in", "modified", "
     (["--strategies", "dynamic,fifo"], "unknown configuration 'fifo'; expected names from: dynamic, shared"),
     (["--duration", "5"], "--duration: expected a number of seconds, at least 20"),
     (["--sim", "--duration", "1e400"], "--duration: expected a number of seconds, at least 20 (shorter runs end "
-                                       "before the nodes have measured anything), got inf"),
+                                       "before the nodes have measured anything) and at most 604800 (a week), got "
+                                       "inf"),
+    (["--duration", "1e9"], "at most 604800 (a week), got 1e+09"),
     # --set: each configuration's settings as its nodes and control read them, not once the run has started
     (["--set", "SCHEDEXT_PAGE_LIMIT=abc"], "--set SCHEDEXT_PAGE_LIMIT: expected an integer >= 1, got 'abc'"),
     (["--sim", "--set", "SCHEDEXT_ALLOCATION=nosuch.Thing"], "--set SCHEDEXT_ALLOCATION: cannot load strategy"),

@@ -94,6 +94,7 @@ PRODUCTS: tuple[dict[str, str], ...] = (
 )
 
 MIN_DURATION = 20.0  # seconds; below this the nodes barely start, and no estimate rests on data
+MAX_DURATION = 7 * 86400.0  # seconds: a week; a longer run is a typo (1e9 s would run, real or simulated, for ever)
 SIM_REPEAT = 3  # seeds a simulated experiment runs unless --repeat says otherwise: a distribution, not one number
 MACHINE_SECONDS = 10.0  # each of the two windows measuring the machine (product_crawl.experiment.machine)
 MAX_MACHINE_SECONDS = 120.0
@@ -245,9 +246,10 @@ def make_options(*, profile: str = "paper", duration: float = 90.0, strategies: 
     ``sample_interval`` defaults to 3 s, or to 1/100 of a longer simulated run (``duration / 100``);
     ``machine_seconds`` to :data:`MACHINE_SECONDS` for a real run (the simulator shares no machine)."""
     configurations = parse_configurations(strategies, ablations)
-    if not MIN_DURATION <= duration < math.inf:  # also refuses NaN
+    if not MIN_DURATION <= duration <= MAX_DURATION:  # also refuses NaN
         raise ExperimentError(f"--duration: expected a number of seconds, at least {MIN_DURATION:.0f} (shorter runs "
-                              f"end before the nodes have measured anything), got {duration:g}")
+                              f"end before the nodes have measured anything) and at most {MAX_DURATION:.0f} (a "
+                              f"week), got {duration:g}")
     check_overrides(configurations, overrides or {})
     if sim and "scrapy_redis" in configurations:  # until 2026-12-06 simulated with no overrides: dynamic's run again
         raise ExperimentError("--strategies: scrapy_redis runs scrapy-redis's own spiders (no control), which the "
