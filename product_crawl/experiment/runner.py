@@ -16,7 +16,6 @@ from __future__ import annotations
 import ipaddress
 import json
 import logging
-import math
 import sys
 import time
 import urllib.error
