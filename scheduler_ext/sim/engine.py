@@ -573,8 +573,11 @@ class Simulation:
                 self.first_use.setdefault((nid, st.site), []).append(self.now)
             report, ended = self._crawl(run)
             self._at(ended, "finish", (run, report))
-        if queue and len(running) < m.requests:  # held back by pages waiting: look again when the next one starts
-            self._poll(nid, self.starts[nid][0])
+        if queue and len(running) < m.requests:
+            # Held back by pages waiting: look again when so many have started that fewer than ``ready`` wait (the
+            # start times only ever grow by this node's own takes, which look again themselves).
+            starts = self.starts[nid]
+            self._poll(nid, starts[len(starts) - self.ready])
         elif (not queue and running and self.nodes[nid].prefetch is None and self.prefetch[nid] < self.prefetch_max
               and self._fed[nid] >= self.prefetch[nid] and self.now - self._grown_at[nid] >= m.refill_interval):
             # busy, starved and given all it asked for: ask for more
