@@ -546,9 +546,6 @@ class _Decider:
         writes = [self._dead_write(dead_id, kind=kind, reason=_reason(exc), attempts=0, last_node=None,
                                    source=e.key, **self._raw_fields(e.raw, e.size, cut=not e.whole)),
                   Write.hincrby(self.k.counters, counter[kind])]
-        if kind != "virtual":  # a run that ended, whose report could not be used: no longer out of its task
-            writes += (self._closed(e.report.subtask) if e.report
-                       else self._closed_raw(e.raw if e.whole else None, report=True))
         return Decision("dead", [e.guard], writes, subject=dead_id, dead=1, note=_reason(exc))
 
     def _text(self, e: Entry, what: str) -> str:
@@ -779,15 +776,11 @@ class _Decider:
                                  retrying=max(0, task.retrying - 1) if st.attempt else task.retrying))
         return [*self._ended(task), Write.hset(self.k.tasks, task.id, self._record(task))]
 
-    def _closed_raw(self, raw: str | None, *, report: bool = False) -> list[Write]:
-        """:meth:`_closed` for a subtask record (``report``: a report of it) that may not be one: nothing to count
-        out if it is unreadable."""
+    def _closed_raw(self, raw: str | None) -> list[Write]:
+        """:meth:`_closed` for a subtask record that may not be one: nothing to count out if it is unreadable.
+        (Not for a dead-lettered report or failure: requeued whole, it counts its subtask out itself.)"""
         try:
-            obj = loads_object(raw or "null", "entry")
-            sub = obj.get("subtask") if report else obj  # a report's subtask, however bad the rest of it
-            if not isinstance(sub, dict):
-                return []
-            st = Subtask.from_dict(sub)
+            st = Subtask.from_json(raw or "null")
         except InvalidInput:
             return []
         return self._closed(st)

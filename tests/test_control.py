@@ -418,9 +418,10 @@ def test_a_recall_strategy_whose_retry_delay_fails_holds_nothing_back() -> None:
 
 
 def test_an_entry_that_fails_halfway_leaves_the_task_records_as_they_were() -> None:
-    """What an entry's processing changed of its task before it raised is undone: the dead letter counts the
-    failed run out of the task as the task was, not as the half-done call left it (here the id source fails as the
-    recall opens a lane beside the recalled subtask, after the task was counted as retrying and as one more out)."""
+    """What an entry's processing changed of its task before it raised is undone: the tick's later entries of the
+    task start from the record as it was, not as the half-done call left it (here the id source fails as a
+    failure's recall opens a lane beside the recalled subtask, after the task was counted as retrying and one more
+    out; then a stale entry of the same task is recalled)."""
     from scheduler_ext.control import CountingIds, Entry, Snapshot, Strategies, decide
     from scheduler_ext.models import Task
     from scheduler_ext.strategies import NodeView
@@ -439,15 +440,18 @@ def test_an_entry_that_fails_halfway_leaves_the_task_records_as_they_were() -> N
     st = Subtask("s1", "t1", "a.com", 0, 3, 20.0)
     failed = Report(subtask=st, node="n1", outcome="failed", reason="HTTP 503", reported=200, offered=0,
                     collected=0, pages=0, next_page=0, total_pages=20, started=90.0, ended=95.0).to_json()
+    queued = Subtask("s2", "t1", "a.com", 3, 3, 20.0, node="n2").to_json()  # in n2's queue, never taken
     snap = Snapshot(keys=keys, now=100.0, estimates=NoEstimates(), ids=FailingOnce(),
                     failures=[Entry(keys.failed, failed, len(failed))], tasks={"t1": task.to_json()},
-                    nodes=[NodeView(id="n1", types=[0], free=2)])
+                    stale=[("s2", queued)], nodes=[NodeView(id="n1", types=[0], free=2)])
     strategies = Strategies(allocation=SharedAllocation(), modification=FixedModification(3, 20.0),
                             recall=DynamicRecall(threshold=30, max_recalls=3), splitter=splitter, lanes=2,
                             idle_lanes=2)
-    [dead] = [d for d in decide(snap, strategies, 100.0) if d.kind == "dead"]
-    [record] = [json.loads(w[3]) for w in dead.writes if w[0] == "hset" and w[1] == keys.tasks]
-    assert (record["open"], record["retrying"]) == (1, 0)
+    decisions = decide(snap, strategies, 100.0)
+    assert decisions[0].kind == "dead"  # the failure, dead-lettered
+    [recall] = [d for d in decisions if d.subject == "s2" and d.kind == "recall"]
+    [record] = [json.loads(w[3]) for w in recall.writes if w[0] == "hset" and w[1] == keys.tasks]
+    assert (record["open"], record["retrying"]) == (2, 1)  # (3, 2) if the failed call's changes stayed
 
 
 def test_estimates_are_kept_across_ticks_and_only_changed_fields_are_read_again(store: Store) -> None:
@@ -901,28 +905,19 @@ class _RaisingRecall(DynamicRecall):
         raise RuntimeError("a recall plug-in's bug")
 
 
-class _RaisingModification(FixedModification):
-    def next_limits(self, report: Report, estimates: Any) -> Any:
-        raise RuntimeError("a modification plug-in's bug")
-
-
-def test_a_subtask_dead_lettered_because_a_plug_in_failed_leaves_its_task(store: Store) -> None:
-    """A plug-in that raises on a report (modification), a failure, a lapsed lease, a stale crawl-queue entry or a
-    silent node's queue (recall) dead-letters that one entry (the tick goes on) and counts its subtask out of its
-    task, once: the task can still end."""
+def test_a_subtask_dead_lettered_because_its_recall_failed_leaves_its_task(store: Store) -> None:
+    """A recall plug-in that raises on a lapsed lease, a stale crawl-queue entry or a silent node's queue
+    dead-letters that one subtask (the tick goes on) and counts it out of its task, once: the task can still end.
+    (A dead-lettered report or failure is not counted out: requeued whole, it does that itself.)"""
     k = store.keys
-    for lapse in ("report", "failure", "lease", "queue", "silent"):
+    for lapse in ("lease", "queue", "silent"):
         store.redis.flushdb()
         inject(store, {"name": "p", "sites": ["a.com"]})
         store.heartbeat("n1", NODE_INFO, 30, [])
-        control = make_control(store, recall=_RaisingRecall(threshold=30, max_recalls=3),
-                               modification=_RaisingModification(3, 20.0))
+        control = make_control(store, recall=_RaisingRecall(threshold=30, max_recalls=3))
         control.tick()
         assert _task_record(store)["open"] == 1, lapse
-        if lapse in ("report", "failure"):
-            st, token, _ = take(store, "n1")
-            assert finish(store, "n1", st, token, ok=lapse == "report", reason="HTTP 503")
-        elif lapse == "lease":
+        if lapse == "lease":
             st, _, _ = take(store, "n1")
             store.redis.zadd(k.leases, {st.id: 1.0})
         elif lapse == "queue":
