@@ -15,9 +15,11 @@ is newest first and trimmed to ``SCHEDEXT_AUDIT_MAXLEN`` records (docs/redis-key
 from __future__ import annotations
 
 import json
+import sys
 from dataclasses import replace
 from typing import Any
 
+from .control import shown
 from .defaults import DEFAULTS
 from .exceptions import InvalidInput
 from .models import Subtask
@@ -39,9 +41,8 @@ def _decode(entry_id: str, raw: str) -> dict[str, Any]:
     except (ValueError, RecursionError):
         entry = None
     if not isinstance(entry, dict):
-        shown = raw.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")[:2000]
         return {"id": entry_id, "kind": "unreadable", "reason": "not a dead-letter entry (not a JSON object)",
-                "attempts": 0, "last_node": None, "at": 0, "raw": shown}
+                "attempts": 0, "last_node": None, "at": 0, "raw": shown(raw)}
     return {**entry, "id": entry.get("id", entry_id)}
 
 
@@ -75,11 +76,25 @@ def list_audit(store: Store, limit: int = 100) -> list[dict[str, Any]]:
     return out
 
 
+def _as_text(value: Any) -> Any:
+    """``value`` (decoded JSON) with every string, keys included, valid UTF-8: bytes that were not (they arrive as
+    lone surrogates, :mod:`scheduler_ext.connection`) shown as ``\\xNN`` by :func:`~scheduler_ext.control.shown`,
+    whole. An audit record is a record of what was done, for people: it must stay readable by every reader."""
+    if isinstance(value, str):
+        return shown(value, limit=sys.maxsize)
+    if isinstance(value, dict):
+        return {_as_text(k): _as_text(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_as_text(v) for v in value]
+    return value
+
+
 def _audited(store: Store, entry_id: str, entry: dict[str, Any], guard: list[Any], writes: list[Any], *,
              action: str, actor: str, to: str | None, maxlen: int) -> None:
     """Commit ``writes`` under ``guard`` together with the audit record of the action; trim the audit list."""
     record = {"v": 1, "at": store.now(), "actor": actor, "action": action, "id": entry_id,
               "kind": entry.get("kind"), "to": to, "entry": entry}
+    record = _as_text(record)
     writes = [*writes, Write.lpush(store.keys.audit, json.dumps(record, ensure_ascii=False, sort_keys=True))]
     if not store.commit(guard, writes):
         raise UnknownEntry(f"dead-letter entry {entry_id!r} was removed meanwhile")

@@ -16,6 +16,7 @@ Redis keys: ``history`` (list, oldest first), ``history:slot`` (docs/redis-keys.
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 
 from .store import Store
@@ -26,8 +27,12 @@ HISTORY_VERSION = 1
 # KEYS: history, history:slot
 # ARGV: sample json, max samples kept, interval (ms)
 # Returns 1 if the sample was pushed, 0 if the slot was taken.
+# A slot with no expiry (PTTL -1), or a key of another type, was set by hand: it would hold the slot for ever and
+# stop the sampling silently, so it is taken over as if free.
 _RECORD = """
-if not redis.call('SET', KEYS[2], '1', 'NX', 'PX', ARGV[3]) then return 0 end
+local slot = KEYS[2]
+if redis.call('PTTL', slot) == -1 or redis.call('TYPE', slot).ok ~= 'string' then redis.call('DEL', slot) end
+if not redis.call('SET', slot, '1', 'NX', 'PX', ARGV[3]) then return 0 end
 redis.call('RPUSH', KEYS[1], ARGV[1])
 redis.call('LTRIM', KEYS[1], -tonumber(ARGV[2]), -1)
 return 1
@@ -70,11 +75,18 @@ def sample_of(status: dict[str, Any], extra: dict[str, Any] | None = None) -> di
 
 
 def _parse(raw: str) -> dict[str, Any] | None:
+    """A sample, or None if ``raw`` is not one: not a JSON object of this version, or its time ``t`` is not a
+    finite number (readers compare and subtract it)."""
     try:
         s = json.loads(raw)
     except (ValueError, RecursionError):
         return None
-    return s if isinstance(s, dict) and s.get("v") == HISTORY_VERSION else None
+    if not isinstance(s, dict) or s.get("v") != HISTORY_VERSION:
+        return None
+    t = s.get("t")
+    if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t):
+        return None
+    return s
 
 
 class History:
@@ -103,9 +115,9 @@ class History:
         while True:
             raws = self.store.redis.lrange(self.store.keys.history, -n, -1)
             samples = [s for s in map(_parse, raws) if s is not None]
-            fresh = [s for s in samples if since is None or (s.get("t") or 0) > since]
+            fresh = [s for s in samples if since is None or s["t"] > since]
             whole = len(raws) < n
-            covered = since is not None and bool(samples) and (samples[0].get("t") or 0) <= since
+            covered = since is not None and bool(samples) and samples[0]["t"] <= since
             if whole or covered or (since is None and limit and len(fresh) >= limit):
                 break
             n *= 4

@@ -96,16 +96,21 @@ class Subtask:
             site=_require(obj, "site", str, what, check=bool, expected="a non-empty string"),
             first_page=_require(obj, "first_page", int, what, check=nonneg, expected="an integer >= 0"),
             page_limit=_require(obj, "page_limit", int, what, check=lambda v: v >= 1, expected="an integer >= 1"),
-            time_limit=float(_require(obj, "time_limit", (int, float), what, check=lambda v: v > 0,
-                                      expected="a number of seconds > 0")),
+            # Finite: JSON as Python and Redis's cjson read it admits 1e999 (infinity), which the take script's
+            # lease JSON cannot hold (cjson refuses to encode it); NaN fails every comparison.
+            time_limit=float(_require(obj, "time_limit", (int, float), what, check=lambda v: 0 < v < math.inf,
+                                      expected="a finite number of seconds > 0")),
             group=_require(obj, "group", str, what, optional=True) or "",
             type=_require(obj, "type", int, what, optional=True, check=nonneg, expected="a node type >= 0") or 0,
-            priority=float(_require(obj, "priority", (int, float), what, optional=True) or 0.0),
+            # The score in `waiting`: ZADD refuses NaN, and a commit that raises stops every decision after it.
+            priority=float(_require(obj, "priority", (int, float), what, optional=True, check=math.isfinite,
+                                    expected="a finite number") or 0.0),
             attempt=_require(obj, "attempt", int, what, optional=True, check=nonneg) or 0,
             avoid=list(_require(obj, "avoid", list, what, optional=True) or []),
             prev_node=_require(obj, "prev_node", str, what, optional=True),
             node=_require(obj, "node", str, what, optional=True),
-            since=float(_require(obj, "since", (int, float), what, optional=True) or 0.0),
+            since=float(_require(obj, "since", (int, float), what, optional=True, check=math.isfinite,
+                                 expected="a finite Redis time") or 0.0),
             payload=_require(obj, "payload", dict, what, optional=True) or {},
             rest=_require(obj, "rest", int, what, optional=True, check=nonneg, expected="an integer >= 0") or 0,
         )

@@ -23,6 +23,7 @@ from .backoff import Backoff, guarded
 from .config import config_for
 from .connection import redis_from_settings
 from .keys import Keys
+from .store import load_script
 
 logger = logging.getLogger(__name__)
 
@@ -38,6 +39,10 @@ class RedisStatsCollector(MemoryStatsCollector):
         self._flush = guarded("stats flush", self.flush, Backoff(self.interval, c.backoff_max))
         self._pending: dict[str, float] = defaultdict(float)  # stat -> delta not yet sent (cheap per event)
         self._loop: Any = None
+        # hincr of counter.lua, atomically: a field or key a hand edit spoiled starts over from the increment.
+        # KEYS: the stats hash; ARGV: field, increment, "float" for HINCRBYFLOAT. Returns the field's new value.
+        self._start_over = self.redis.register_script(
+            load_script("counter") + "\nreturn hincr(KEYS[1], ARGV[1], ARGV[2], ARGV[3] == 'float')\n")
 
     def inc_value(self, key: str, count: int = 1, start: int = 0, spider: Any = None) -> None:
         super().inc_value(key, count, start)
@@ -82,13 +87,16 @@ class RedisStatsCollector(MemoryStatsCollector):
             for key, delta in pending.items():
                 self._pending[key] += delta
             raise
-        # The transaction ran every increment; one whose field held no number (a hand edit) failed alone: that
-        # field starts over from this delta, rather than failing (and resending everything) at every flush.
+        # The transaction ran every increment; one whose field held no number, or whose key was no hash (hand
+        # edits), failed alone: that field starts over from this delta (the key replaced by a hash, as counter.lua
+        # does), rather than failing (and resending everything) at every flush.
         for (key, name, delta), result in zip(sent, results, strict=True):
             if not isinstance(result, redis.ResponseError):
                 continue
-            logger.warning("stat %s in %s held no number; counted again from %s", name, key, delta)
-            self.redis.hset(key, name, int(delta) if float(delta).is_integer() else delta)
+            logger.warning("stat %s in %s held no number or the key no hash (%s); counted again from %s",
+                           name, key, result, delta)
+            whole = float(delta).is_integer()
+            self._start_over(keys=[key], args=[name, int(delta) if whole else delta, "" if whole else "float"])
 
     def open_spider(self, spider: Any = None) -> None:
         super().open_spider()

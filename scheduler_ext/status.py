@@ -8,6 +8,7 @@ per-node scheduling counts, cluster counters.
 from __future__ import annotations
 
 import json
+import math
 from collections import defaultdict
 from typing import Any
 
@@ -26,10 +27,12 @@ def _count(value: Any) -> int:
 
 
 def _num(value: Any, kind: type = float) -> Any:
+    """``value`` as a ``kind`` (float or int); None if it is missing or no finite number (a hand edit)."""
     try:
-        return kind(float(value)) if value is not None else None
+        number = float(value)
     except (TypeError, ValueError):
         return None
+    return kind(number) if math.isfinite(number) else None
 
 
 def _pace(est: dict[str, Any]) -> float | None:
@@ -77,8 +80,9 @@ def collect_status(store: Store, node_timeout: float = 60.0, *, recall_threshold
     r, k = store.redis, store.keys
     now = store.now()
     node_ids = set(r.hkeys(k.nodes)) | set(r.zrange(k.node_seen, 0, -1))
-    pairs = sorted(r.smembers(k.agg_index))
-    triples = sorted(r.smembers(k.agg_triples))
+    # A member or field that does not split as its key's schema says (a hand edit) counts nothing.
+    pairs = sorted(p for p in r.smembers(k.agg_index) if "|" in p)
+    triples = sorted(t for t in r.smembers(k.agg_triples) if t.count("|") >= 2)
     node_ids |= {p.rsplit("|", 1)[1] for p in pairs}
     nodes = sorted(node_ids)
     with r.pipeline(transaction=False) as pipe:
@@ -136,8 +140,9 @@ def collect_status(store: Store, node_timeout: float = 60.0, *, recall_threshold
         pos += 1
     products: dict[str, dict[str, int]] = defaultdict(dict)
     for field, value in progress.items():
-        group, name = field.rsplit("|", 1)
-        products[group][name] = _count(value)
+        if "|" in field:
+            group, name = field.rsplit("|", 1)
+            products[group][name] = _count(value)
     return {
         "v": 1, "prefix": k.prefix, "time": now, "leader": leader,
         "queues": {"virtual": int(virtual), "waiting": int(waiting), "crawl": crawl, "leased": int(leased),

@@ -12,6 +12,7 @@ Key schema: :mod:`scheduler_ext.keys` (docs/redis-keys.md).
 from __future__ import annotations
 
 import json
+import logging
 import math
 import re
 from collections.abc import Iterable, Sequence
@@ -23,6 +24,8 @@ import redis
 
 from .keys import Keys
 from .strategies.posterior import GROUP_NODES
+
+logger = logging.getLogger(__name__)
 
 SCRIPTS = ("take", "heartbeat", "finish", "release", "commit", "lead", "resign", "snapshot", "nodes", "ids")
 _INCLUDE = re.compile(r"^--@include (\w+)$", re.MULTILINE)
@@ -369,7 +372,11 @@ class Store:
 
     def lead(self, control_id: str, ttl: float) -> bool:
         """Take or keep the control leader lease."""
-        return bool(self._lead(keys=[self.keys.leader], args=[control_id, max(1, int(ttl * 1000))]))
+        code = self._lead(keys=[self.keys.leader], args=[control_id, max(1, int(ttl * 1000))])
+        if code == 2:  # once: the key now has a TTL
+            logger.warning("control %s took over %s: it had no expiry or was not a string (set by hand?), so it "
+                           "would never have lapsed", control_id, self.keys.leader)
+        return bool(code)
 
     def resign(self, control_id: str) -> bool:
         """Give up the control leader lease if this control holds it; True if it did."""

@@ -569,3 +569,236 @@ def test_json_nested_too_deeply_is_garbage_to_every_reader(store: Store, raw: re
     block = etree.fromstring('<div data-tools="' + DEEP.decode()[:5000] + '"/>')  # past the limit, as a page can
     assert _json_attr(block, "@data-tools") == {}
     assert parse_overrides(["SCHEDEXT_PREFETCH=" + DEEP.decode()]) == {"SCHEDEXT_PREFETCH": DEEP.decode()}
+
+
+# --- readers of shared state: status, history, dashboard, commands, stats, politeness ------------------------------
+
+
+def test_status_reads_numbers_past_any_float_and_names_that_do_not_split(store: Store, raw: redis_lib.Redis
+                                                                        ) -> None:
+    """A control's figures of 1e999 / -Infinity read as none; a pair, triple or progress field that does not
+    split as its key's schema says counts nothing. Neither stops status, its rendering or the history sample."""
+    from product_crawl.commands.status import render
+    from product_crawl.dashboard.data import DashboardData
+    from scheduler_ext.history import History
+
+    k = store.keys
+    raw.hset(k.controls, mapping={"c1": b'{"failed_in_row": 1e999, "alarm": 3, "at": 1e999}',
+                                  "c2": b'{"failed_in_row": 2, "alarm": -Infinity, "ok_at": NaN}'})
+    raw.sadd(k.agg_index, "no-pipe", "a.com|n1")
+    raw.sadd(k.agg_triples, "one|pipe", "no-pipe", "p|a.com|n1")
+    raw.hset(k.progress, mapping={"no-pipe": 5, PICKLE: 1, "p|tasks": 2})
+    raw.hset(k.nodes, "n1", json.dumps({"type": 5, "address": ["x"], "subtasks": [1, None]}))
+    status = collect_status(store)
+    c1, c2 = status["controls"]
+    assert (c1["failed_in_row"], c1["stuck"], c1["at"]) == (0, False, None)
+    assert (c2["failed_in_row"], c2["stuck"], c2["ok_at"]) == (2, False, None)
+    assert list(status["completion"]) == ["a.com"] and [n["id"] for n in status["nodes"]] == ["n1"]
+    assert status["seconds_per_page"] == {"p": {"a.com": {"n1": None}}}
+    assert status["products"] == {"p": {"tasks": 2, "done": 0, "collected": 0, "pages": 0}}
+    json.dumps(status, allow_nan=False)  # nothing non-finite reaches the JSON contract
+    assert any(line.startswith("n1 ") for line in render(status))
+    assert DashboardData(store, History(store)).sample() is True
+
+
+def test_text_that_is_not_utf8_reaches_every_output_readable(store: Store, raw: redis_lib.Redis,
+                                                             scrapy_env: dict[str, str]) -> None:
+    """Bytes that are not UTF-8 inside valid JSON or a member name (they arrive as lone surrogates) are shown
+    escaped by the dashboard's API and the commands; requeuing such a dead letter writes an audit record that is
+    valid UTF-8."""
+    from conftest import run_scrapy
+    from twisted.web.test.requesthelper import DummyRequest
+
+    from product_crawl.dashboard.data import DashboardData
+    from product_crawl.dashboard.server import _json
+    from scheduler_ext import deadletter
+    from scheduler_ext.history import History
+
+    k = store.keys
+    raw.sadd(k.agg_index, b"\xff.example|n1")
+    raw.hset(k.nodes, "n1", b'{"type": [0], "host": "h\xff"}')
+    raw.zadd(k.node_seen, {"n1": 1})
+    raw.hset(k.progress, b"\xfe|tasks", 1)
+    raw.xadd(k.runs, {"report": b'{"subtask": {"group": "p", "site": "a.com"}, "outcome": "failed", '
+                                b'"node": "\xff"}'})
+    raw.hset(k.dead, "d1", b'{"id": "d1", "kind": "virtual", "at": 1, "raw": "\xff\xfe", "reason": "r\xff"}')
+    raw.hset(k.dead, "d2", b'{"id": "d2", "kind": ["virtual"], "at": 2}')  # (a kind that is no text, listed too)
+    data = DashboardData(store, History(store))
+    for body in (data.status(), data.products("p"), data.deadletters()):
+        served = json.loads(_json(DummyRequest([b"api"]), 200, body))
+        assert "\udcff" in json.dumps(served, ensure_ascii=False)  # escaped on the wire, as read once parsed
+    opts = ["-s", f"SCHEDEXT_PREFIX={k.prefix}"]
+    for args in (["status", "--json"], ["status"], ["deadletter", "list"], ["deadletter", "list", "--json"]):
+        result = run_scrapy([*args, *opts], scrapy_env)
+        assert result.returncode == 0 and "\\udcff" in result.stdout, (args, result.stderr)
+
+    assert deadletter.requeue(store, "d1", "tester") == "virtual"
+    assert raw.lindex(k.virtual, 0) == b"\xff\xfe"  # requeued as it came
+    record = json.loads(raw.lindex(k.audit, 0).decode("utf-8"))  # the audit record is UTF-8
+    assert record["entry"]["raw"] == "\\xff\\xfe"
+    served = json.loads(_json(DummyRequest([b"api"]), 200, data.deadletters()))
+    assert served["audit"][0]["id"] == "d1"
+
+
+@pytest.mark.parametrize("t", [b'"soon"', b"[1]", b"null", b"true", b"1e999"])
+def test_history_sample_whose_time_is_no_number_is_skipped(store: Store, raw: redis_lib.Redis, t: bytes) -> None:
+    from scheduler_ext.history import History
+
+    raw.rpush(store.keys.history, b'{"v": 1, "t": 1.0}', b'{"v": 1, "t": ' + t + b"}", b'{"v": 1, "t": 3.0}')
+    history = History(store)
+    assert [s["t"] for s in history.read(since=0.5)] == [1.0, 3.0]
+    assert [s["t"] for s in history.read()] == [1.0, 3.0]
+
+
+@pytest.mark.parametrize("slot", ["no expiry", "a hash"])
+def test_history_slot_set_by_hand_does_not_stop_the_sampling(store: Store, raw: redis_lib.Redis,
+                                                             slot: str) -> None:
+    from scheduler_ext.history import History
+
+    k = store.keys
+    if slot == "no expiry":
+        raw.set(k.history_slot, b"1")
+    else:
+        raw.hset(k.history_slot, "f", "v")
+    history = History(store, interval=60)
+    assert history.record(collect_status(store)) is True
+    assert history.record(collect_status(store)) is False  # the slot it took is an ordinary one again
+    assert 0 < store.redis.pttl(k.history_slot) <= 60_000 and len(history.read()) == 1
+
+
+@pytest.mark.parametrize("scope", ["node", "site"])
+def test_a_stats_key_of_another_type_is_replaced_and_counts_from_there(redis: redis_lib.Redis, prefix: str,
+                                                                      scope: str) -> None:
+    from scrapy.utils.test import get_crawler
+
+    from scheduler_ext.stats import RedisStatsCollector
+
+    crawler = get_crawler(settings_dict={"SCHEDEXT_PREFIX": prefix, "SCHEDEXT_NODE_ID": "n1"})
+    stats = RedisStatsCollector(crawler, client=redis)
+    key = Keys(prefix).stats(scope, "n1" if scope == "node" else "a.com")
+    redis.set(key, "x")
+    for _ in range(3):
+        stats.inc_value("site/a.com/pages", 2)
+        stats.inc_value("site/a.com/seconds", 0.5)
+        stats.flush()
+    field = "site/a.com/pages" if scope == "node" else "pages"
+    assert redis.type(key) == "hash" and redis.hget(key, field) == "6"
+    assert float(redis.hget(key, field.replace("pages", "seconds"))) == 1.5
+
+
+@pytest.mark.parametrize("spoiled", ["seen", "bucket"])
+def test_politeness_keys_of_another_type_are_replaced(store: Store, raw: redis_lib.Redis, spoiled: str) -> None:
+    """polite:seen and polite:bucket of another type, like polite:slots, are replaced rather than failing every
+    sync of every node for the site."""
+    k = store.keys
+    polite = raw.register_script(load_script("polite"))
+    keys = [k.polite_slots("s"), k.polite_seen("s"), k.polite_bucket("s")]
+    raw.hset(keys[0], mapping={"n2": 3, "|sum": 3})
+    raw.set(keys[1] if spoiled == "seen" else keys[2], b"x")
+    assert polite(keys=keys, args=["n1", 4, 0, 3, 30, 5, 5, 3]) == [(3 if spoiled == "seen" else 1), 3]
+    assert raw.type(keys[1]) == b"zset" and raw.type(keys[2]) == b"hash"
+    assert int(raw.hget(keys[0], "|sum")) == sum(int(v) for f, v in raw.hgetall(keys[0]).items() if f != b"|sum")
+
+
+# --- numbers past any float, and keys set by hand, in the scripts' own state ----------------------------------------
+
+
+def test_subtask_numbers_must_be_finite() -> None:
+    good = {"id": "s1", "task": "t", "site": "a.com", "first_page": 0, "page_limit": 1, "time_limit": 5}
+    assert Subtask.from_dict(good).time_limit == 5.0
+    for name, value in (("time_limit", float("inf")), ("time_limit", float("nan")), ("priority", float("nan")),
+                        ("priority", float("-inf")), ("since", float("inf"))):
+        with pytest.raises(InvalidInput, match=name):
+            Subtask.from_dict({**good, name: value})
+
+
+def test_time_limit_past_any_float_is_malformed_before_take_writes(store: Store, raw: redis_lib.Redis) -> None:
+    """cjson reads 1e999 as infinity and then cannot write the lease's hard deadline: the take script failed after
+    its RPOP and ZADD, and the entry vanished (no lease info, no failure, no dead letter). In the crawl queue it is
+    now a malformed entry; as a waiting record the control dead-letters it and never allocates it."""
+    k = store.keys
+    entry = b'{"v":1,"id":"cx","task":"t","site":"a.com","first_page":0,"page_limit":1,"time_limit":1e999}'
+    raw.lpush(k.crawl("n1"), entry)
+    raw.zadd(k.queued, {"cx": store.now()})
+    assert store.take("n1", lease_ttl=30, grace=5) is None
+    [failure] = [json.loads(v) for v in store.redis.lrange(k.failed, 0, -1)]
+    assert failure["malformed"] and failure["id"] == "cx" and "time_limit" in failure["reason"]
+    assert not store.redis.exists(k.leases, k.lease_info, k.queued)
+    raw.zadd(k.waiting, {"w1": 0})
+    raw.hset(k.subtasks, "w1", entry.replace(b'"cx"', b'"w1"'))
+    run_valid_task(store, make_control(store))
+    assert sorted((e["id"], e["kind"]) for e in dead(store)) == [("cx", "malformed"), ("w1", "waiting")]
+
+
+@pytest.mark.parametrize("case", ["NaN in an unknown field", "infinity in an unknown field", "another type"])
+def test_estimate_entry_the_finish_script_cannot_write_back_stops_nothing(
+        store: Store, raw: redis_lib.Redis, case: str) -> None:
+    """An entry with NaN or 1e999 in a field the finish script did not check made its cjson.encode fail after the
+    report was pushed: the pair's estimates froze and the counters, indexes and dirty marks were skipped. The
+    entry is now rebuilt from the fields the script knows, before its first write."""
+    k = store.keys
+    group, site = VALID["name"], VALID["sites"][0]
+    site_key, group_key = k.est_site(site), k.est_group_site(group, site)
+    if case == "another type":
+        raw.rpush(site_key, b"not a hash")
+        raw.set(group_key, b"not a hash")
+    else:
+        number = b"NaN" if case.startswith("NaN") else b"1e999"
+        raw.hset(site_key, "n1", b'{"c":0.5,"spp":1,"runs":1,"last":1,"zz":' + number + b"}")
+        raw.hset(group_key, "n1", b'{"spp":1,"runs":1,"last":1,"zz":' + number + b',"colour":"red"}')
+    run_valid_task(store, make_control(store))
+    runs = 1 if case == "another type" else 2
+    for key in (site_key, group_key):
+        entry = json.loads(store.redis.hget(key, "n1"))
+        assert entry["runs"] == runs and not {"zz", "colour"} & set(entry), entry
+    completion = 1.0 if runs == 1 else 0.5 + 0.3 * (1.0 - 0.5)  # the known fields kept: c moved from 0.5
+    assert json.loads(store.redis.hget(site_key, "n1"))["c"] == pytest.approx(completion)
+    assert int(store.redis.hget(k.progress, f"{group}|collected")) == 10
+    assert store.redis.smembers(k.agg_index) == {f"{site}|n1"}
+    assert store.redis.sismember(k.est_groups, f"{group}|{site}")
+
+
+@pytest.mark.parametrize("kind", ["string with no expiry", "hash"])
+def test_leader_key_set_by_hand_is_taken_over(store: Store, raw: redis_lib.Redis, kind: str) -> None:
+    """A leader key SET by hand with no TTL never lapsed (and one of another type made the lead script fail): no
+    control ever led, and nothing moved. A lease set by a control is still honoured."""
+    k = store.keys
+    if kind == "hash":
+        raw.hset(k.leader, "id", "ghost")
+    else:
+        raw.set(k.leader, "ghost")
+    run_valid_task(store, make_control(store))
+    assert store.redis.get(k.leader) == "c1" and 0 < store.redis.pttl(k.leader) <= 5000
+    raw.set(k.leader, "other", px=5000)
+    assert not store.lead("c1", 5)
+    assert store.redis.get(k.leader) == "other"
+
+
+def test_lease_deadline_past_any_time_lapses(store: Store, raw: redis_lib.Redis) -> None:
+    """No script writes a deadline past its lease's hard deadline, a finite time; one of +inf set by hand never
+    lapsed and held its subtask for ever. It is now lapsed, whatever lease stands behind it."""
+    k = store.keys
+    for sid in ("L1", "L2"):
+        raw.hset(k.subtasks, sid, Subtask(id=sid, task="t", site="a.com", first_page=0, page_limit=1,
+                                          time_limit=5.0).to_json())
+    raw.hset(k.lease_info, "L1", json.dumps({"token": "dead:1", "node": "dead", "started": 1, "hard": 1e308}))
+    raw.hset(k.lease_info, "L2", b"[1]")  # unreadable lease, readable record: recalled
+    raw.zadd(k.leases, {"L1": float("inf"), "L2": float("inf"), "L3": float("inf")})  # L3: nothing behind it
+    run_valid_task(store, make_control(store))
+    assert store.redis.zcard(k.leases) == 0 and not store.redis.exists(k.lease_info) and not dead(store)
+    assert store.redis.hget(k.node_counters("dead"), "recalled") == "1"
+    runs = [json.loads(r[1]["report"])["subtask"] for r in store.redis.xrange(k.runs)]
+    assert sorted(r["id"] for r in runs if r["id"] in ("L1", "L2")) == ["L1", "L2"]
+
+
+def test_crawl_entry_with_priority_nan_is_released_not_lost(store: Store, raw: redis_lib.Redis) -> None:
+    """cjson reads NaN, which ZADD refuses: the release script failed after popping the node's crawl queue, and
+    the entries it had popped were lost. It now waits at score 0, for the control to dead-letter its record."""
+    k = store.keys
+    good = Subtask(id="r1", task="t", site="a.com", first_page=0, page_limit=1, time_limit=5.0).to_json()
+    raw.lpush(k.crawl("n1"), b'{"v":1,"id":"r0","task":"t","site":"a.com","first_page":0,"page_limit":1,'
+                             b'"time_limit":5,"priority":NaN}', good)
+    assert store.release("n1", [], deregister=True) == 2
+    assert store.redis.zrange(k.waiting, 0, -1, withscores=True) == [("r0", 0.0), ("r1", 0.0)]
+    run_valid_task(store, make_control(store))
+    assert [(e["id"], e["kind"]) for e in dead(store)] == [("r0", "waiting")]

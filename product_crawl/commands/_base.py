@@ -21,10 +21,13 @@ class OutputClosed(Exception):
 
 def write_line(text: str) -> None:
     """Write one line of command output to stdout as UTF-8 (the output is data, e.g. JSON lines, not prose
-    for the terminal's locale). Raises :class:`OutputClosed` if the pipe was closed."""
+    for the terminal's locale). Raises :class:`OutputClosed` if the pipe was closed.
+
+    Text read from Redis that was not UTF-8 holds lone surrogates (``surrogateescape``): they are written as
+    ``\\udcXX``, which inside a JSON string is a valid escape, rather than failing the whole command."""
     try:
         sys.stdout.flush()
-        sys.stdout.buffer.write(text.encode("utf-8") + b"\n")
+        sys.stdout.buffer.write(text.encode("utf-8", "backslashreplace") + b"\n")
         sys.stdout.buffer.flush()
     except BrokenPipeError as exc:
         # Point stdout at /dev/null so that the interpreter's final flush does not fail a second time.

@@ -59,7 +59,7 @@ class Command(ScrapyCommand):
             if as_json:
                 write_line(json.dumps(e, ensure_ascii=False, sort_keys=True))
             else:
-                write_line(f"{e.get('id')!s:>8}  {e.get('kind', '?'):9} attempts={e.get('attempts', 0)} "
+                write_line(f"{e.get('id')!s:>8}  {e.get('kind', '?')!s:9} attempts={e.get('attempts', 0)} "
                            f"last_node={e.get('last_node') or '-'}  {e.get('reason', '')}")
         if not as_json:
             write_line(f"{len(entries)} dead-letter entr{'y' if len(entries) == 1 else 'ies'}")

@@ -24,6 +24,18 @@ def width(text: str) -> int:
     return sum(2 if unicodedata.east_asian_width(ch) in "WF" else 1 for ch in text)
 
 
+def _joined(value: Any) -> str:
+    """A list as comma-separated text, anything else as its text, "-" if empty: what a node registers is read as
+    it is, and a registry entry written by hand may hold anything.
+
+    >>> _joined([0, 1]), _joined(None), _joined({"a": 1})
+    ('0,1', '-', "{'a': 1}")
+    """
+    if isinstance(value, list):
+        return ",".join(map(str, value)) or "-"
+    return "-" if value is None or value == "" else str(value)
+
+
 def table(headers: list[str], rows: list[list[str]]) -> list[str]:
     """Left-aligned plain-text table lines."""
     widths = [max(width(str(x)) for x in col) for col in zip(headers, *rows, strict=False)]
@@ -49,8 +61,8 @@ def render(status: dict[str, Any]) -> list[str]:
     nodes = status["nodes"]
     lines += table(["node", "alive", "type", "address", "subtasks", "moved out", "moved in", "modified",
                     "recalled", "dead"],
-                   [[n["id"], "yes" if n["alive"] else "no", ",".join(map(str, n["type"] or [])) or "-",
-                     n["address"] or "-", ",".join(n["subtasks"]) or "-", str(n["counts"]["moved_out"]),
+                   [[n["id"], "yes" if n["alive"] else "no", _joined(n["type"]), _joined(n["address"]),
+                     _joined(n["subtasks"]), str(n["counts"]["moved_out"]),
                      str(n["counts"]["moved_in"]), str(n["counts"]["modified"]), str(n["counts"]["recalled"]),
                      str(n["counts"]["dead"])] for n in nodes])
     node_ids = [n["id"] for n in nodes]

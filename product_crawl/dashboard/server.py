@@ -113,7 +113,9 @@ def _secure(request: Request) -> None:
 def _json(request: Request, status: int, body: Any) -> bytes:
     request.setResponseCode(status)
     request.setHeader(b"Content-Type", b"application/json; charset=utf-8")
-    return json.dumps(body, ensure_ascii=False, sort_keys=True).encode("utf-8")
+    # Text read from Redis that was not UTF-8 holds lone surrogates (surrogateescape): backslashreplace writes them
+    # as \udcXX, a valid escape inside a JSON string, rather than failing the response (and the page with it).
+    return json.dumps(body, ensure_ascii=False, sort_keys=True).encode("utf-8", "backslashreplace")
 
 
 @implementer(IPushProducer)

@@ -14,7 +14,8 @@ ones after it. Decisions are applied in order, so a later one sees what an earli
       ["lease_is", lease_info, leases, id, token]   the lease of id has this token; lease and deadline go
       ["zrem", zset, member]                        member is in the sorted set; it is removed
       ["lrem", list, value]                         value is in the list; one occurrence is removed
-      ["zscore_le", zset, member, x]                member's score is <= x (checked, nothing removed)
+      ["zscore_le", zset, member, x]                member's score is <= x, or +inf (checked, nothing
+                                                    removed); +inf is no time the scripts write (a hand edit)
       ["hdel", hash, field]                         the field exists; it is removed
       ["hexists", hash, field]                      the field exists (checked, nothing removed)
     writes (built by scheduler_ext.store.Write):
@@ -55,8 +56,10 @@ local function holds(g)
   elseif op == 'hdel' or op == 'hexists' then
     return redis.call('HEXISTS', g[2], g[3]) == 1
   elseif op == 'zscore_le' then
-    local score = redis.call('ZSCORE', g[2], g[3])
-    return score and tonumber(score) <= tonumber(g[4])
+    -- Every score this guards is a time (a lease deadline, a queue time, a heartbeat) that no script sets to +inf:
+    -- such a score, set by hand, would never come due (snapshot.lua reports a +inf lease deadline as lapsed).
+    local score = tonumber(redis.call('ZSCORE', g[2], g[3]) or '')
+    return score ~= nil and (score <= tonumber(g[4]) or score == math.huge)
   end
   return false
 end

@@ -66,20 +66,11 @@ if not raw or not decoded or type(lease) ~= 'table' or lease.token ~= token then
   hincr(nodeCountKey, 'stale_finish', 1)
   return 0
 end
-redis.call('ZREM', leasesKey, id)
-redis.call('HDEL', leaseInfoKey, id)
-redis.call('HDEL', subtasksKey, id)
-redis.call('XADD', runsKey, 'MAXLEN', '~', runsMaxlen, '*', 'report', report)
-redis.call('LPUSH', reportsKey, report)
-for _, key in ipairs({aggSiteNodeKey, aggTripleKey}) do  -- counters, for status and experiments
-  hincr(key, 'runs', 1)
-  hincr(key, 'offered', offered)
-  hincr(key, 'collected', collected)
-  hincr(key, 'pages', pages)
-  hincr(key, 'seconds', seconds, true)
-  redis.call('HSET', key, 'last_run', string.format('%.3f', now))
-  if not ok then hincr(key, 'failures', 1) end
-end
+
+-- Everything that could fail on what another program wrote (the estimate entries: JSON that cjson reads but
+-- cannot write back, a key of another type) is done first, before the first write: a script that fails half-way
+-- keeps its writes, and one that failed after pushing the report froze the pair's estimates and skipped the rest.
+
 -- The moving estimates (recent runs weigh more): one hash per site and one per (product, site), a field per
 -- node, so that the control reads every node's figures for a site in one command.
 local function ewma(old, x) if old then return old + alpha * (x - old) end return x end
@@ -124,21 +115,41 @@ local function sums(e)
   e.xp = k * (tonumber(e.xp) or 0) + (blank and attempted or 0)
   if blank then e.bl = now end
 end
--- An entry this script did not write (a number that is not finite and >= 0: cjson reads NaN and Infinity, which
--- it then refuses to write) starts over, as an unreadable one does: else every finish of the pair would fail.
-local function sane(e)
-  for _, name in ipairs({'n', 'pg', 'got', 'sec', 'fl', 'err', 'xp', 'c', 'spp', 'runs', 'cp', 'bl'}) do
-    if e[name] ~= nil then
+-- The fields of an entry; it is rebuilt from these alone, so a field this script does not know (one cjson reads
+-- as NaN or infinity, which it refuses to write back) goes.
+local FIELDS = {'n', 'pg', 'got', 'sec', 'fl', 'err', 'xp', 'c', 'spp', 'runs', 'last', 'cp', 'bl'}
+local function finite(v) return v ~= nil and v == v and v ~= math.huge and v ~= -math.huge end
+-- An entry this script did not write (a number that is not finite and >= 0: cjson reads NaN and Infinity)
+-- starts over, as an unreadable one does: else every finish of the pair would fail (`last` is replaced anyway).
+local function known(e)
+  local out = {}
+  for _, name in ipairs(FIELDS) do
+    if e[name] ~= nil and name ~= 'last' then
       local v = tonumber(e[name])
-      if v == nil or v ~= v or v < 0 or v == math.huge then return false end
+      if not finite(v) or v < 0 then return {} end
+      out[name] = v
     end
   end
-  return true
+  return out
+end
+-- The entry as JSON: only finite numbers (a figure made non-finite by the arguments is left out: no data), so
+-- that cjson.encode cannot fail.
+local function encoded(e)
+  local out = {}
+  for _, name in ipairs(FIELDS) do
+    if finite(e[name]) then out[name] = e[name] end
+  end
+  return cjson.encode(out)
+end
+-- A key of another type (set by hand) holds no entry; it is replaced when written (as counter.lua's hincr does).
+local function isHash(key)
+  local kind = redis.call('TYPE', key).ok
+  return kind == 'hash' or kind == 'none'
 end
 local function estimate(key, withCompletion)
-  local old = redis.call('HGET', key, node)
+  local old = isHash(key) and redis.call('HGET', key, node)
   local okOld, e = pcall(cjson.decode, old or '')
-  if not old or not okOld or type(e) ~= 'table' or not sane(e) then e = {} end
+  if old and okOld and type(e) == 'table' then e = known(e) else e = {} end
   e.runs = (tonumber(e.runs) or 0) + 1
   e.last = now
   if withCompletion then
@@ -146,10 +157,33 @@ local function estimate(key, withCompletion)
   end
   if ok and pages > 0 then e.spp = ewma(tonumber(e.spp), seconds / pages) end
   sums(e)
-  redis.call('HSET', key, node, cjson.encode(e))
+  return encoded(e)
 end
-estimate(estSiteKey, true)
-estimate(estGroupKey, false)
+local siteEntry, groupEntry = estimate(estSiteKey, true), estimate(estGroupKey, false)
+local function replaceUnless(key, kinds)
+  if not kinds[redis.call('TYPE', key).ok] then redis.call('DEL', key) end
+end
+
+redis.call('ZREM', leasesKey, id)
+redis.call('HDEL', leaseInfoKey, id)
+redis.call('HDEL', subtasksKey, id)
+redis.call('XADD', runsKey, 'MAXLEN', '~', runsMaxlen, '*', 'report', report)
+redis.call('LPUSH', reportsKey, report)
+for _, key in ipairs({aggSiteNodeKey, aggTripleKey}) do  -- counters, for status and experiments
+  hincr(key, 'runs', 1)
+  hincr(key, 'offered', offered)
+  hincr(key, 'collected', collected)
+  hincr(key, 'pages', pages)
+  hincr(key, 'seconds', seconds, true)
+  redis.call('HSET', key, 'last_run', string.format('%.3f', now))
+  if not ok then hincr(key, 'failures', 1) end
+end
+for _, key in ipairs({estSiteKey, estGroupKey}) do replaceUnless(key, {hash = true, none = true}) end
+for _, key in ipairs({estDirtyKey, estGroupsKey, aggIndexKey, aggTriplesKey}) do
+  replaceUnless(key, {set = true, none = true})
+end
+redis.call('HSET', estSiteKey, node, siteEntry)
+redis.call('HSET', estGroupKey, node, groupEntry)
 -- Tell the control which estimates changed, so that it re-reads only those ("s|node|site", "g|node|site|group").
 local site = string.sub(pair, 1, string.len(pair) - string.len(node) - 1)
 redis.call('SADD', estDirtyKey, 's|' .. node .. '|' .. site, 'g|' .. node .. '|' .. site .. '|' .. group)

@@ -28,9 +28,18 @@ local rate, burst, wantTokens = tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(A
 local slots, tokens = 0, 0
 
 -- A holding or a sum that is not a whole number (a hand edit; or the key not a hash) must not stop every node's
--- requests to the site: a holding reads as none, and the sum is counted again from the holdings.
-local kind = redis.call('TYPE', slotsKey).ok
-if kind ~= 'hash' and kind ~= 'none' then redis.call('DEL', slotsKey) end
+-- requests to the site: a holding reads as none, and the sum is counted again from the holdings. The same for the
+-- other two keys: one of another type is replaced. Holdings without their expiries could never lapse, so a spoiled
+-- expiry key takes the holdings with it (each node claims its share again at its next sync, and never fewer slots
+-- than it has in flight).
+local function ofType(key, want)
+  local kind = redis.call('TYPE', key).ok
+  if kind ~= want and kind ~= 'none' then redis.call('DEL', key); return false end
+  return true
+end
+ofType(slotsKey, 'hash')
+if not ofType(expiryKey, 'zset') then redis.call('DEL', slotsKey) end
+ofType(bucketKey, 'hash')
 local function held(who)
   local v = tonumber(redis.call('HGET', slotsKey, who) or '0')
   if v == nil or v ~= math.floor(v) then redis.call('HSET', slotsKey, who, 0); return 0 end

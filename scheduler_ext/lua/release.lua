@@ -46,7 +46,9 @@ for _ = 1, redis.call('LLEN', crawlKey) do
   local ok, st = pcall(cjson.decode, raw)
   if ok and type(st) == 'table' and type(st.id) == 'string' then
     redis.call('HSET', subtasksKey, st.id, raw)
-    redis.call('ZADD', waitingKey, tonumber(st.priority) or 0, st.id)
+    local priority = tonumber(st.priority) or 0
+    if priority ~= priority then priority = 0 end  -- NaN (cjson reads it): ZADD would fail after the RPOPs
+    redis.call('ZADD', waitingKey, priority, st.id)
     redis.call('ZREM', queuedKey, st.id)
     n = n + 1
   else

@@ -33,7 +33,7 @@ Returns {time, virtual, sleeping, failed, lapsed, stale, silent, live, entries, 
   time        {seconds, microseconds} of the server's TIME (the times compared above are from it)
   virtual, sleeping, failed
               flat, oldest first: raw, size, sha1 per entry (sha1 is '' for an entry returned whole)
-  lapsed      ids whose lease deadline is not after now (score order)
+  lapsed      ids whose lease deadline is not after now (score order), then those whose deadline is +inf
   stale       ids queued at or before now - recallAge
   silent      nodes whose last heartbeat is at or before now - nodeTimeout
   live        every node whose last heartbeat is at or after now - nodeTimeout
@@ -79,6 +79,15 @@ for i = 9, #ARGV do
   table.insert(entries, {redis.call('HGET', nodesKey, ARGV[i]), redis.call('LLEN', KEYS[i + 1])})
 end
 
+-- A deadline is at most its lease's hard deadline, a finite time: no script writes +inf. One set by hand would
+-- never lapse and would hold its subtask for ever, so it counts as lapsed (commit.lua's zscore_le agrees).
+local lapsed = redis.call('ZRANGEBYSCORE', leasesKey, '-inf', score(now), 'LIMIT', 0, batch)
+if #lapsed < batch then
+  for _, id in ipairs(redis.call('ZRANGEBYSCORE', leasesKey, '+inf', '+inf', 'LIMIT', 0, batch - #lapsed)) do
+    table.insert(lapsed, id)
+  end
+end
+
 local waiting = {}
 if window > 0 then
   waiting = redis.call('ZRANGE', waitingKey, 0, window - 1)
@@ -87,7 +96,7 @@ end
 return {
   time,
   peek(virtualKey), peek(sleepingKey), peek(failedKey),
-  redis.call('ZRANGEBYSCORE', leasesKey, '-inf', score(now), 'LIMIT', 0, batch),
+  lapsed,
   redis.call('ZRANGEBYSCORE', queuedKey, '-inf', score(now - recallAge), 'LIMIT', 0, batch),
   redis.call('ZRANGEBYSCORE', seenKey, '-inf', score(now - nodeTimeout), 'LIMIT', 0, batch),
   redis.call('ZRANGEBYSCORE', seenKey, score(now - nodeTimeout), '+inf'),

@@ -16,8 +16,10 @@ take: move the next subtask of a node's crawl queue into a lease.
   ARGV[4] grace        seconds a lease may outlive the subtask's time limit
 
 Returns {subtask json, token, started} or nil (nothing readable in the first maxLook entries).
-An entry that is not a JSON object of schema 1 with a string id and a numeric time limit is moved to `failed` as a
-malformed entry with the reason (the Python side validates the rest).
+An entry that is not a JSON object of schema 1 with a string id and a finite time limit > 0 is moved to `failed` as a
+malformed entry with the reason (the Python side validates the rest). Finite, and checked before any write: cjson
+reads 1e999 as infinity, and the lease JSON could not hold it (cjson refuses to encode it, which once failed the
+script after the RPOP and the ZADD: the entry vanished).
 ]]
 --@include now
 --@include counter
@@ -32,7 +34,7 @@ for _ = 1, maxLook do
   if not raw then return nil end
   local ok, st = pcall(cjson.decode, raw)
   if ok and type(st) == 'table' and st.v == 1 and type(st.id) == 'string' and st.id ~= ''
-      and type(st.time_limit) == 'number' and st.time_limit > 0 then
+      and type(st.time_limit) == 'number' and st.time_limit > 0 and st.time_limit < math.huge then
     local token = node .. ':' .. incr(seqKey, 1)
     local hard = now + st.time_limit + grace
     local deadline = math.min(now + leaseTtl, hard)
