@@ -640,6 +640,31 @@ def test_text_that_is_not_utf8_reaches_every_output_readable(store: Store, raw: 
     assert served["audit"][0]["id"] == "d1"
 
 
+def test_numbers_past_any_float_reach_the_dashboard_as_json_a_browser_reads(store: Store,
+                                                                            raw: redis_lib.Redis) -> None:
+    """A dead letter or a run written by hand with 1e999 or NaN is served as null: Python would write Infinity
+    and NaN, which a browser's JSON.parse refuses (and the page with it)."""
+    from twisted.web.test.requesthelper import DummyRequest
+
+    from product_crawl.dashboard.data import DashboardData
+    from product_crawl.dashboard.server import _json
+    from scheduler_ext.history import History
+
+    k = store.keys
+    raw.hset(k.dead, "d1", b'{"id": "d1", "kind": "virtual", "at": 1e999, "attempts": NaN, "raw": "x"}')
+    raw.xadd(k.runs, {"report": b'{"subtask": {"group": "p", "site": "a.com", "time_limit": 1e999}, '
+                                b'"outcome": "failed", "node": "n1", "offered": -1e999}'})
+
+    def strict(constant: str) -> Any:
+        raise AssertionError(f"{constant} is not JSON")
+
+    data = DashboardData(store, History(store))
+    for body in (data.products("p"), data.deadletters()):
+        json.loads(_json(DummyRequest([b"api"]), 200, body), parse_constant=strict)
+    served = json.loads(_json(DummyRequest([b"api"]), 200, data.deadletters()))
+    assert served["entries"][0]["at"] is None and served["failures"][0]["offered"] is None
+
+
 @pytest.mark.parametrize("t", [b'"soon"', b"[1]", b"null", b"true", b"1e999"])
 def test_history_sample_whose_time_is_no_number_is_skipped(store: Store, raw: redis_lib.Redis, t: bytes) -> None:
     from scheduler_ext.history import History
