@@ -27,8 +27,8 @@ from __future__ import annotations
 
 import ipaddress
 import json
-import math
 import logging
+import math
 import select
 import subprocess
 import sys
