@@ -783,6 +783,16 @@ def test_estimate_entry_the_finish_script_cannot_write_back_stops_nothing(
     assert store.redis.sismember(k.est_groups, f"{group}|{site}")
 
 
+def test_a_run_log_or_report_list_of_another_type_loses_no_report(store: Store, raw: redis_lib.Redis) -> None:
+    """The finish script's XADD to ``runs`` or LPUSH to ``sleeping`` failed on a key of another type (set by hand)
+    after the lease was gone: the report was lost and the node's retry counted a stale finish. Such a key is now
+    replaced before the first write, and the task completes."""
+    k = store.keys
+    raw.set(k.runs, b"not a stream")  # (sleeping of another type stops the control's reads: status says so)
+    run_valid_task(store, make_control(store))
+    assert raw.type(k.runs) == b"stream" and store.redis.xlen(k.runs) >= 1
+
+
 @pytest.mark.parametrize("kind", ["string with no expiry", "hash"])
 def test_leader_key_set_by_hand_is_taken_over(store: Store, raw: redis_lib.Redis, kind: str) -> None:
     """A leader key SET by hand with no TTL never lapsed (and one of another type made the lead script fail): no

@@ -164,6 +164,10 @@ local function replaceUnless(key, kinds)
   if not kinds[redis.call('TYPE', key).ok] then redis.call('DEL', key) end
 end
 
+-- The run log and the report list, if of another type (set by hand), are replaced first: XADD or LPUSH failing
+-- after the lease went would lose the report (the node's retry finds no lease: a stale finish).
+replaceUnless(runsKey, {stream = true, none = true})
+replaceUnless(reportsKey, {list = true, none = true})
 redis.call('ZREM', leasesKey, id)
 redis.call('HDEL', leaseInfoKey, id)
 redis.call('HDEL', subtasksKey, id)
