@@ -30,6 +30,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -157,20 +158,30 @@ def mongo_answers(uri: str, timeout: float = 1.5) -> bool:
         client.close()
 
 
+def checked(value: Any, convert: Callable[[str], Any], ok: Callable[[Any], bool], expected: str) -> Any:
+    """``convert(value)`` (its text, stripped) if ``ok`` holds for it, else ArgumentTypeError ``expected
+    <expected>, got <value>`` (a ValueError's sibling that argparse reports as it is): an argparse ``type``, and a
+    settings check. ``convert`` may raise ValueError or return None for text it cannot read.
+
+    >>> checked(" 7 ", int, lambda n: n > 0, "a count > 0")
+    7
+    """
+    try:
+        out = convert(str(value).strip())
+    except ValueError:
+        out = None
+    if out is None or not ok(out):
+        raise argparse.ArgumentTypeError(f"expected {expected}, got {value!r}")
+    return out
+
+
 def tcp_port(value: Any) -> int:
-    """``value`` as a TCP port to listen on (0 picks a free one); ArgumentTypeError (a ValueError's sibling that
-    argparse reports as it is) saying what was expected: an argparse ``type``, and a settings check.
+    """``value`` as a TCP port to listen on (0 picks a free one).
 
     >>> tcp_port("6802"), tcp_port(0)
     (6802, 0)
     """
-    try:
-        port = int(str(value).strip())
-    except ValueError:
-        port = -1
-    if not 0 <= port <= 65535:
-        raise argparse.ArgumentTypeError(f"expected a TCP port 0 .. 65535 (0 picks a free one), got {value!r}")
-    return port
+    return int(checked(value, int, lambda p: 0 <= p <= 65535, "a TCP port 0 .. 65535 (0 picks a free one)"))
 
 
 def free_port(host: str = "127.0.0.1") -> int:

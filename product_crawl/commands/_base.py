@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import argparse
 import math
 import os
 import sys
 from typing import Any
 
+from product_crawl.services import checked
 from scheduler_ext.connection import ensure_reachable, redis_from_settings
 from scheduler_ext.defaults import setting
 from scheduler_ext.exceptions import ConfigurationError, ServiceUnavailable
@@ -49,20 +49,16 @@ def open_store(settings: Any) -> Store | None:
     return Store(client, Keys(setting(settings, "SCHEDEXT_PREFIX")))
 
 
-def seconds(value: Any, maximum: float = 86400.0) -> float:
-    """``value`` as a finite number of seconds, more than 0 and at most ``maximum``; ArgumentTypeError (which
-    argparse reports as it is) saying what was expected: an argparse ``type``, and a settings check.
+def seconds(value: Any, maximum: float = 86400.0, *, zero: bool = False) -> float:
+    """``value`` as a finite number of seconds, more than 0 (at least 0 if ``zero``) and at most ``maximum``;
+    ArgumentTypeError saying what was expected (:func:`product_crawl.services.checked`).
 
-    >>> seconds("2.5"), seconds(1)
-    (2.5, 1.0)
+    >>> seconds("2.5"), seconds(1), seconds("0", zero=True)
+    (2.5, 1.0, 0.0)
     """
-    try:
-        number = float(str(value).strip())
-    except ValueError:
-        number = math.nan
-    if not (math.isfinite(number) and 0 < number <= maximum):
-        raise argparse.ArgumentTypeError(f"expected a number of seconds > 0 and <= {maximum:g}, got {value!r}")
-    return number
+    low = 0.0 if zero else math.nextafter(0.0, 1.0)
+    return float(checked(value, float, lambda s: math.isfinite(s) and low <= s <= maximum,
+                         f"a number of seconds {'>=' if zero else '>'} 0 and <= {maximum:g}"))
 
 
 def write_error(text: str) -> None:

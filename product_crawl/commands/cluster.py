@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import ipaddress
 import json
-import math
 import sys
 import time
 from pathlib import Path
@@ -20,7 +19,7 @@ from scrapy.commands import ScrapyCommand
 from scrapy.exceptions import UsageError
 from scrapy.utils.conf import closest_scrapy_cfg
 
-from product_crawl.commands._base import open_store, write_error, write_line
+from product_crawl.commands._base import open_store, seconds, write_error, write_line
 from product_crawl.commands.status import table as table_lines
 from product_crawl.deploy.plan import job_id, job_rows, name_of, parse_nodes, parse_settings, plan_jobs
 from product_crawl.deploy.scrapyd import (
@@ -31,7 +30,7 @@ from product_crawl.deploy.scrapyd import (
     read_targets,
     write_scrapyd_config,
 )
-from product_crawl.services import generate_password, tcp_port
+from product_crawl.services import checked, generate_password, tcp_port
 from scheduler_ext.defaults import setting_float
 from scheduler_ext.status import collect_status
 from scheduler_ext.store import lease_node
@@ -61,10 +60,8 @@ def max_proc(value: str) -> int:
     >>> max_proc("16")
     16
     """
-    text = value.strip()
-    if not (text.isascii() and text.isdecimal()) or int(text) < 1:
-        raise argparse.ArgumentTypeError(f"expected a whole number of jobs >= 1, got {value!r}")
-    return int(text)
+    return int(checked(value, lambda t: int(t) if t.isascii() and t.isdecimal() else None, lambda n: n >= 1,
+                       "a whole number of jobs >= 1"))
 
 
 def bind_address(value: str) -> str:
@@ -81,18 +78,13 @@ def bind_address(value: str) -> str:
 
 
 def grace_seconds(value: str) -> float:
-    """``down --timeout``: a finite number of seconds >= 0 (NaN would make every job look overdue at once).
+    """``down --timeout``: a finite number of seconds >= 0, at most a day (NaN would make every job look overdue
+    at once).
 
     >>> grace_seconds("30"), grace_seconds("0")
     (30.0, 0.0)
     """
-    try:
-        seconds = float(value)
-    except ValueError:
-        seconds = math.nan
-    if not (math.isfinite(seconds) and seconds >= 0):
-        raise argparse.ArgumentTypeError(f"expected a finite number of seconds >= 0, got {value!r}")
-    return seconds
+    return seconds(value, zero=True)
 
 
 class Command(ScrapyCommand):
