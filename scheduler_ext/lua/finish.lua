@@ -141,13 +141,15 @@ local function encoded(e)
   end
   return cjson.encode(out)
 end
--- A key of another type (set by hand) holds no entry; it is replaced when written (as counter.lua's hincr does).
-local function isHash(key)
-  local kind = redis.call('TYPE', key).ok
-  return kind == 'hash' or kind == 'none'
+-- A key of another type (set by hand) holds nothing of ours: it reads as empty, and is replaced (as counter.lua's
+-- hincr does) before the first write, so that no write can fail after the lease went (the report would be lost:
+-- the node's retry finds no lease, a stale finish).
+local function ofType(key, kind)
+  local found = redis.call('TYPE', key).ok
+  return found == kind or found == 'none'
 end
 local function estimate(key, withCompletion)
-  local old = isHash(key) and redis.call('HGET', key, node)
+  local old = ofType(key, 'hash') and redis.call('HGET', key, node)
   local okOld, e = pcall(cjson.decode, old or '')
   if old and okOld and type(e) == 'table' then e = known(e) else e = {} end
   e.runs = (tonumber(e.runs) or 0) + 1
@@ -160,14 +162,11 @@ local function estimate(key, withCompletion)
   return encoded(e)
 end
 local siteEntry, groupEntry = estimate(estSiteKey, true), estimate(estGroupKey, false)
-local function replaceUnless(key, kinds)
-  if not kinds[redis.call('TYPE', key).ok] then redis.call('DEL', key) end
+for _, kk in ipairs({{runsKey, 'stream'}, {reportsKey, 'list'}, {estSiteKey, 'hash'}, {estGroupKey, 'hash'},
+                     {estDirtyKey, 'set'}, {estGroupsKey, 'set'}, {aggIndexKey, 'set'}, {aggTriplesKey, 'set'}}) do
+  if not ofType(kk[1], kk[2]) then redis.call('DEL', kk[1]) end
 end
 
--- The run log and the report list, if of another type (set by hand), are replaced first: XADD or LPUSH failing
--- after the lease went would lose the report (the node's retry finds no lease: a stale finish).
-replaceUnless(runsKey, {stream = true, none = true})
-replaceUnless(reportsKey, {list = true, none = true})
 redis.call('ZREM', leasesKey, id)
 redis.call('HDEL', leaseInfoKey, id)
 redis.call('HDEL', subtasksKey, id)
@@ -181,10 +180,6 @@ for _, key in ipairs({aggSiteNodeKey, aggTripleKey}) do  -- counters, for status
   hincr(key, 'seconds', seconds, true)
   redis.call('HSET', key, 'last_run', string.format('%.3f', now))
   if not ok then hincr(key, 'failures', 1) end
-end
-for _, key in ipairs({estSiteKey, estGroupKey}) do replaceUnless(key, {hash = true, none = true}) end
-for _, key in ipairs({estDirtyKey, estGroupsKey, aggIndexKey, aggTriplesKey}) do
-  replaceUnless(key, {set = true, none = true})
 end
 redis.call('HSET', estSiteKey, node, siteEntry)
 redis.call('HSET', estGroupKey, node, groupEntry)
