@@ -15,7 +15,7 @@ from redis.connection import parse_url
 from scrapy.settings import BaseSettings, Settings
 from scrapy_redis.connection import get_redis_from_settings
 
-from .exceptions import ConfigurationError, ServiceUnavailable
+from .exceptions import ConfigurationError, ServiceUnavailable, shortened
 
 # Short timeouts: the node calls Redis from the reactor thread, so a call must fail fast rather than hang.
 # surrogateescape: an entry that is not UTF-8 (a pickle pushed by hand) still reads, as text the decoders refuse
@@ -45,7 +45,7 @@ def redis_from_settings(settings: BaseSettings | dict[str, Any] | None = None) -
     # Not JSON, JSON of another shape, or nested past the parser's recursion limit.
     except (TypeError, ValueError, RecursionError) as exc:
         raise ConfigurationError(f"REDIS_PARAMS: expected a dict (JSON object) of redis-py client options, "
-                                 f"got {_shorten(settings.get('REDIS_PARAMS'))}") from exc
+                                 f"got {shortened(settings.get('REDIS_PARAMS'))}") from exc
     merged.set("REDIS_PARAMS", params)
     return get_redis_from_settings(merged)
 
@@ -63,21 +63,21 @@ def check_redis_url(url: Any, name: str = "REDIS_URL") -> None:
     'redis://:***@h:99999999/0' (Port out of range 0-65535)
     """
     if not isinstance(url, str):
-        raise ConfigurationError(f"{name}: expected a string {_URL_FORM}, got {_shorten(url)}")
+        raise ConfigurationError(f"{name}: expected a string {_URL_FORM}, got {shortened(url)}")
     if not url.lower().startswith(("redis://", "rediss://", "unix://")):
-        raise ConfigurationError(f"{name}: expected {_URL_FORM}, got {_shorten(mask_url(url))}")
+        raise ConfigurationError(f"{name}: expected {_URL_FORM}, got {shortened(mask_url(url))}")
     try:
         parse_url(url)
         parts = urlsplit(url)
     except ValueError as exc:  # a port that is not a number or out of range, a bad query value, a bad IPv6 host
-        raise ConfigurationError(f"{name}: expected {_URL_FORM}, got {_shorten(mask_url(url))} ({exc})") from exc
+        raise ConfigurationError(f"{name}: expected {_URL_FORM}, got {shortened(mask_url(url))} ({exc})") from exc
     if parts.scheme.lower() == "unix":
         problem = "" if parts.path else "no socket path"
     else:  # redis-py would silently use database 0 for a path that is not a number
         db = parts.path.strip("/")
         problem = "" if not db or db.isdigit() else f"database {db!r} is not a number"
     if problem:
-        raise ConfigurationError(f"{name}: expected {_URL_FORM}, got {_shorten(mask_url(url))} ({problem})")
+        raise ConfigurationError(f"{name}: expected {_URL_FORM}, got {shortened(mask_url(url))} ({problem})")
 
 
 def mask_url(url: str) -> str:
@@ -91,11 +91,6 @@ def mask_url(url: str) -> str:
     """
     return re.sub(r"^([a-z][a-z0-9+.-]*://[^:/@]*):.*@", r"\1:***@", url, flags=re.IGNORECASE)
 
-
-def _shorten(value: Any, limit: int = 200) -> str:
-    """``repr(value)``, cut to ``limit`` characters: a message must stay readable whatever was given."""
-    text = repr(value)
-    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
 
 
 def describe(client: redis.Redis) -> str:

@@ -16,7 +16,6 @@ import json
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 from scrapy.commands import ScrapyCommand
 from scrapy.exceptions import UsageError
@@ -83,12 +82,9 @@ class Command(ScrapyCommand):
 
 def check_url(url: str) -> None:
     """Raise a UsageError naming ``--url`` unless ``url`` is an absolute http(s) URL with a host (and a valid port)."""
-    try:
-        parts = urlsplit(url)
-        parts.port  # noqa: B018  (reading it raises ValueError for a port out of range or not a number)
-    except ValueError:  # e.g. an unclosed IPv6 bracket
-        parts = None
-    if parts is None or parts.scheme.lower() not in ("http", "https") or not parts.hostname:
+    from product_crawl.engines import is_http_url
+
+    if not is_http_url(url):
         raise UsageError(f"--url: expected an absolute http(s) URL with a host, got {url!r}", print_help=False)
 
 

@@ -37,7 +37,7 @@ from scrapy.selector import Selector
 from scrapy.settings import BaseSettings, Settings
 from scrapy.utils.misc import load_object
 
-from scheduler_ext.exceptions import ConfigurationError
+from scheduler_ext.exceptions import ConfigurationError, shortened
 
 __all__ = [
     "DEFAULT_BASE_URLS",
@@ -49,6 +49,7 @@ __all__ = [
     "ResultPage",
     "engine_base_urls",
     "get_engine",
+    "is_http_url",
     "normalize_date",
 ]
 
@@ -244,24 +245,29 @@ def engine_base_urls(settings: BaseSettings) -> dict[str, str]:
         # Not JSON, or nested past the parser's recursion limit.
         except (ValueError, RecursionError) as exc:
             raise ConfigurationError(f"PC_ENGINE_BASE_URLS: expected {_BASE_URLS_EXPECTED}, "
-                                     f"got {_shorten(raw)} ({type(exc).__name__})") from exc
+                                     f"got {shortened(raw)} ({type(exc).__name__})") from exc
     if value is None:
         value = {}
     if not isinstance(value, Mapping):
-        raise ConfigurationError(f"PC_ENGINE_BASE_URLS: expected {_BASE_URLS_EXPECTED}, got {_shorten(raw)}")
+        raise ConfigurationError(f"PC_ENGINE_BASE_URLS: expected {_BASE_URLS_EXPECTED}, got {shortened(raw)}")
     urls = dict(DEFAULT_BASE_URLS)
     for name, url in value.items():
         if not isinstance(name, str) or not name:
             raise ConfigurationError(f"PC_ENGINE_BASE_URLS: expected {_BASE_URLS_EXPECTED}, "
-                                     f"got the engine name {_shorten(name)}")
-        if not _is_http_url(url):
+                                     f"got the engine name {shortened(name)}")
+        if not is_http_url(url):
             raise ConfigurationError(f"PC_ENGINE_BASE_URLS[{name!r}]: expected an http(s) URL with a host, "
-                                     f"e.g. http://127.0.0.1:8000, got {_shorten(url)}")
+                                     f"e.g. http://127.0.0.1:8000, got {shortened(url)}")
         urls[name] = url
     return urls
 
 
-def _is_http_url(url: Any) -> bool:
+def is_http_url(url: Any) -> bool:
+    """Whether ``url`` is an absolute http(s) URL with a host (and, if any, a valid port).
+
+    >>> is_http_url("http://127.0.0.1:8000"), is_http_url("http://[::1"), is_http_url("ftp://x/")
+    (True, False, False)
+    """
     if not isinstance(url, str):
         return False
     try:
@@ -271,11 +277,6 @@ def _is_http_url(url: Any) -> bool:
         return False
     return parts.scheme.lower() in ("http", "https") and bool(parts.hostname)
 
-
-def _shorten(value: Any, limit: int = 200) -> str:
-    """``repr(value)``, cut to ``limit`` characters: a message must stay readable whatever was given."""
-    text = repr(value)
-    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
 
 
 _YMD = re.compile(r"((?:19|20)\d\d)\s*[-年/.]\s*(\d{1,2})\s*[-月/.]\s*(\d{1,2})(?!\d)")
