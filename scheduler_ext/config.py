@@ -49,17 +49,24 @@ def _number(settings: Any, name: str, kind: type, *, low: float | None = None, l
     try:
         if isinstance(raw, bool):
             raise ValueError("a boolean")
+        if isinstance(raw, str) and not raw.isascii():  # int() and float() read other scripts' digits: '١٢' is 12
+            raise ValueError("digits other than 0-9")
         number = kind(raw) if kind is float else int(str(raw).strip())
-    except (TypeError, ValueError) as exc:
+    except (TypeError, ValueError, OverflowError) as exc:
         raise ConfigurationError(f"{name}: expected {expected}, got {raw!r}") from exc
-    if number != number or (low is not None and (number <= low if low_open else number < low)) \
-            or (high is not None and number > high):  # number != number: NaN
+    if not math.isfinite(number) or (low is not None and (number <= low if low_open else number < low)) \
+            or (high is not None and number > high):  # NaN and infinities: no setting means "never" by them
         raise ConfigurationError(f"{name}: expected {expected}, got {raw!r}")
     return number
 
 
+#: The longest duration any ``SCHEDEXT_*`` setting accepts (a week, in seconds): past it a tick, a lease or a
+#: timeout is "never" by accident, and a few (a blocking wait's timeout) overflow Redis's or the OS's clocks.
+LONGEST = 7 * 86400.0
+
+
 def _seconds(settings: Any, name: str, *, zero_ok: bool = False, value: Any = None) -> float:
-    return float(_number(settings, name, float, low=0.0, low_open=not zero_ok, value=value))
+    return float(_number(settings, name, float, low=0.0, low_open=not zero_ok, high=LONGEST, value=value))
 
 
 def _flag(settings: Any, name: str) -> bool:
@@ -277,10 +284,7 @@ def check_number(name: str, value: Any, kind: type, *, low: float) -> Any:
     if value is None:
         raise ConfigurationError(f"{name}: expected {'an integer' if kind is int else 'a number'} >= {low:g}, "
                                  f"got None")
-    number = _number(None, name, kind, low=low, value=value)
-    if not math.isfinite(number):
-        raise ConfigurationError(f"{name}: expected a finite number >= {low:g}, got {value!r}")
-    return number
+    return _number(None, name, kind, low=low, value=value)
 
 
 #: Seconds of a node's pages that wait ready to download under a ``DOWNLOAD_DELAY`` (:func:`ready_pages`).

@@ -35,14 +35,14 @@ def test_config_is_frozen() -> None:
 
 
 @pytest.mark.parametrize(("name", "value", "expected"), [
-    ("SCHEDEXT_TICK_INTERVAL", "soon", "SCHEDEXT_TICK_INTERVAL: expected a number > 0, got 'soon'"),
+    ("SCHEDEXT_TICK_INTERVAL", "soon", "SCHEDEXT_TICK_INTERVAL: expected a number > 0 and <= 604800, got 'soon'"),
     ("SCHEDEXT_TICK_INTERVAL", 0, "SCHEDEXT_TICK_INTERVAL: expected a number > 0"),
     ("SCHEDEXT_PREFETCH", -1, "SCHEDEXT_PREFETCH: expected an integer >= 0, got -1"),
     ("SCHEDEXT_EXPLORE_PAGES", 2.5, "SCHEDEXT_EXPLORE_PAGES: expected an integer >= 0"),
     ("SCHEDEXT_EXPLORE_PAGES", -3, "SCHEDEXT_EXPLORE_PAGES: expected an integer >= 0, got -3"),
     ("SCHEDEXT_TICK_BATCH", "1.5", "SCHEDEXT_TICK_BATCH: expected an integer >= 1"),
     ("SCHEDEXT_TASK_LANES", 0, "SCHEDEXT_TASK_LANES: expected an integer >= 1, got 0"),
-    ("SCHEDEXT_RETRY_BACKOFF", -1, "SCHEDEXT_RETRY_BACKOFF: expected a number >= 0, got -1"),
+    ("SCHEDEXT_RETRY_BACKOFF", -1, "SCHEDEXT_RETRY_BACKOFF: expected a number >= 0 and <= 604800, got -1"),
     ("SCHEDEXT_RATE_FLOOR", 1.5, "SCHEDEXT_RATE_FLOOR: expected a number >= 0 and <= 1, got 1.5"),
     ("SCHEDEXT_RATE_FLOOR", "high", "SCHEDEXT_RATE_FLOOR: expected a number >= 0 and <= 1, got 'high'"),
     ("SCHEDEXT_ESTIMATE_ALPHA", 2, "SCHEDEXT_ESTIMATE_ALPHA: expected a number > 0 and <= 1"),
@@ -51,6 +51,15 @@ def test_config_is_frozen() -> None:
     ("SCHEDEXT_CONTROL_ENABLED", "maybe", "SCHEDEXT_CONTROL_ENABLED: expected a boolean"),
     ("SCHEDEXT_LEASE_TTL", 2, "SCHEDEXT_LEASE_TTL: expected more than SCHEDEXT_HEARTBEAT_INTERVAL"),
     ("SCHEDEXT_PAGE_LIMIT_MIN", 50, "SCHEDEXT_PAGE_LIMIT_MIN: expected at most SCHEDEXT_PAGE_LIMIT_MAX"),
+    # no setting means "never" by an infinity, and a duration past a week is one by accident
+    ("SCHEDEXT_RECALL_THRESHOLD", "inf", "SCHEDEXT_RECALL_THRESHOLD: expected a number > 0 and <= 604800, got 'inf'"),
+    ("SCHEDEXT_SITE_RATE", float("inf"), "SCHEDEXT_SITE_RATE: expected a number >= 0, got inf"),
+    ("SCHEDEXT_TICK_INTERVAL", "1e300", "SCHEDEXT_TICK_INTERVAL: expected a number > 0 and <= 604800"),
+    ("SCHEDEXT_IDLE_CLOSE", 604801, "SCHEDEXT_IDLE_CLOSE: expected a number >= 0 and <= 604800, got 604801"),
+    ("SCHEDEXT_EXPLORE_PAGES", "inf", "SCHEDEXT_EXPLORE_PAGES: expected an integer >= 0, got 'inf'"),
+    # int() and float() read other scripts' digits ('١٢' is 12, '²' too for some): only 0-9
+    ("SCHEDEXT_PAGE_LIMIT", "١٢", "SCHEDEXT_PAGE_LIMIT: expected an integer >= 1, got '١٢'"),
+    ("SCHEDEXT_TICK_INTERVAL", "５", "SCHEDEXT_TICK_INTERVAL: expected a number > 0 and <= 604800, got '５'"),
 ])
 def test_a_bad_value_names_the_setting_and_what_was_expected(name: str, value: object, expected: str) -> None:
     with pytest.raises(ConfigurationError) as err:
