@@ -46,6 +46,7 @@ from w3lib.url import canonicalize_url
 
 from product_crawl.guard import DEFAULT_ITEM_FIELD_MAXLEN, ItemRefused, check_fields
 from product_crawl.services import mask_url
+from scheduler_ext.config import LONGEST, check_number
 
 logger = logging.getLogger(__name__)
 
@@ -77,6 +78,12 @@ class StorageUnreachable(StorageError):
     """Raised if MongoDB could not be reached at all for a batch (worth writing again later)."""
 
 
+def _setting(settings: Any, name: str, default: float, kind: type = float, **bounds: Any) -> Any:
+    """The ``PC_*`` setting ``name`` checked as the ``SCHEDEXT_*`` ones are: a ConfigurationError naming it."""
+    value = settings.get(name)
+    return check_number(name, default if value is None else value, kind, **bounds)
+
+
 class MongoPipeline:
     def __init__(self, uri: str, database: str, collection: str, batch_size: int = 100,
                  batch_delay: float = 0.02, timeout: float = 10.0, outage: float = 60.0,
@@ -99,10 +106,11 @@ class MongoPipeline:
         if not s.getbool("PC_MONGO_ENABLED", True):
             raise NotConfigured("PC_MONGO_ENABLED is off")
         return cls(s.get("MONGO_URI") or DEFAULT_MONGO_URI, s.get("MONGO_DATABASE") or "product_crawl",
-                   s.get("PC_MONGO_COLLECTION") or "items", s.getint("PC_MONGO_BATCH_SIZE", 100),
-                   s.getfloat("PC_MONGO_BATCH_DELAY", 0.02), s.getfloat("PC_MONGO_TIMEOUT", 10.0),
-                   s.getfloat("PC_MONGO_OUTAGE", 60.0), s.getint("PC_ITEM_FIELD_MAXLEN", DEFAULT_ITEM_FIELD_MAXLEN),
-                   crawler.stats)
+                   s.get("PC_MONGO_COLLECTION") or "items", _setting(s, "PC_MONGO_BATCH_SIZE", 100, int, low=1),
+                   _setting(s, "PC_MONGO_BATCH_DELAY", 0.02, low=0.0, high=LONGEST),
+                   _setting(s, "PC_MONGO_TIMEOUT", 10.0, low=0.0, low_open=True, high=LONGEST),
+                   _setting(s, "PC_MONGO_OUTAGE", 60.0, low=0.0, high=LONGEST),
+                   _setting(s, "PC_ITEM_FIELD_MAXLEN", DEFAULT_ITEM_FIELD_MAXLEN, int, low=1), crawler.stats)
 
     async def open_spider(self) -> None:
         """Connects and makes the indexes. A MongoDB that does not answer yet is an outage like any other (the

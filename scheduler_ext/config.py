@@ -273,10 +273,11 @@ def config_for(crawler: Any) -> Config:
     return config
 
 
-def check_number(name: str, value: Any, kind: type, *, low: float) -> Any:
-    """``value`` of setting ``name`` as ``kind``, finite and at least ``low``, checked as :class:`Config` checks its
-    own: ConfigurationError naming the setting. For settings that are not the project's (the Scrapy settings a
-    node paces by, given to ``scrapy experiment --set``).
+def check_number(name: str, value: Any, kind: type, *, low: float, low_open: bool = False,
+                 high: float | None = None) -> Any:
+    """``value`` of setting ``name`` as ``kind``, finite and within bounds, checked as :class:`Config` checks its
+    own: ConfigurationError naming the setting. For settings that are not ``SCHEDEXT_*`` (the Scrapy settings a
+    node paces by, given to ``scrapy experiment --set``; the project's ``PC_*``).
 
     >>> check_number("DOWNLOAD_DELAY", "1.5", float, low=0.0)
     1.5
@@ -284,7 +285,7 @@ def check_number(name: str, value: Any, kind: type, *, low: float) -> Any:
     if value is None:
         raise ConfigurationError(f"{name}: expected {'an integer' if kind is int else 'a number'} >= {low:g}, "
                                  f"got None")
-    return _number(None, name, kind, low=low, value=value)
+    return _number(None, name, kind, low=low, low_open=low_open, high=high, value=value)
 
 
 #: Seconds of a node's pages that wait ready to download under a ``DOWNLOAD_DELAY`` (:func:`ready_pages`).

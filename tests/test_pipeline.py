@@ -10,12 +10,15 @@ from pathlib import Path
 from typing import Any
 
 import pymongo
+import pytest
 import pytest_twisted
+from scrapy.utils.test import get_crawler
 from twisted.internet import defer, reactor
 
 from product_crawl import services
 from product_crawl.items import SearchResultItem
 from product_crawl.pipelines import MongoPipeline
+from scheduler_ext.exceptions import ConfigurationError
 
 
 def item(i: int) -> SearchResultItem:
@@ -156,3 +159,25 @@ async def test_a_node_started_while_mongodb_is_down_stores_its_items_once_it_is_
     finally:
         for proc in started:
             services.stop_pid(proc.pid)
+
+
+@pytest.mark.parametrize(("name", "value", "expected"), [
+    ("PC_MONGO_BATCH_SIZE", "0", "PC_MONGO_BATCH_SIZE: expected an integer >= 1, got '0'"),
+    ("PC_MONGO_BATCH_SIZE", "many", "PC_MONGO_BATCH_SIZE: expected an integer >= 1, got 'many'"),
+    ("PC_MONGO_BATCH_DELAY", "-0.1", "PC_MONGO_BATCH_DELAY: expected a number >= 0 and <= 604800, got '-0.1'"),
+    ("PC_MONGO_TIMEOUT", "nan", "PC_MONGO_TIMEOUT: expected a number > 0 and <= 604800, got 'nan'"),
+    ("PC_MONGO_TIMEOUT", "0", "PC_MONGO_TIMEOUT: expected a number > 0 and <= 604800, got '0'"),
+    ("PC_MONGO_OUTAGE", "inf", "PC_MONGO_OUTAGE: expected a number >= 0 and <= 604800, got 'inf'"),
+    ("PC_ITEM_FIELD_MAXLEN", "-5", "PC_ITEM_FIELD_MAXLEN: expected an integer >= 1, got '-5'"),
+])
+def test_a_bad_storage_setting_is_refused_naming_it(name: str, value: str, expected: str) -> None:
+    # Before: int('many') / int(nan * 1000) tracebacks at start, or a node that never retried (-1) or refused
+    # every item (-5).
+    with pytest.raises(ConfigurationError) as err:
+        MongoPipeline.from_crawler(get_crawler(settings_dict={name: value}))
+    assert str(err.value) == expected
+
+
+def test_storage_settings_left_unset_take_their_defaults() -> None:
+    pipeline = MongoPipeline.from_crawler(get_crawler(settings_dict={"PC_MONGO_BATCH_SIZE": "7"}))
+    assert (pipeline.batch_size, pipeline.timeout, pipeline.outage) == (7, 10.0, 60.0)
