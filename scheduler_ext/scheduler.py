@@ -62,7 +62,7 @@ from scrapy.utils.reactor import CallLaterOnce
 from twisted.internet import threads
 
 from .backoff import Backoff, guarded, record_failure, record_success
-from .config import Config, config_for, ready_pages
+from .config import LONGEST, Config, check_number, config_for, ready_pages
 from .connection import redis_from_settings
 from .exceptions import ConfigurationError, InvalidInput
 from .keys import Keys
@@ -110,9 +110,12 @@ class Pace:
         >>> Pace.from_config(Config(), Settings({"DOWNLOAD_DELAY": 2}))  # a page per 2 s: one waits ready
         Pace(ready=1, max_leases=16, prefetch=None, prefetch_min=1, prefetch_max=64, tick=1.0)
         """
-        requests = max(1, settings.getint("CONCURRENT_REQUESTS"))
-        ready = ready_pages(min(requests, settings.getint("CONCURRENT_REQUESTS_PER_DOMAIN")),
-                            settings.getfloat("DOWNLOAD_DELAY"))
+        # Scrapy's own settings, checked as ours are: a NaN delay failed the node's start in ready_pages
+        requests = check_number("CONCURRENT_REQUESTS", settings.get("CONCURRENT_REQUESTS"), int, low=1)
+        ready = ready_pages(min(requests, check_number("CONCURRENT_REQUESTS_PER_DOMAIN",
+                                                       settings.get("CONCURRENT_REQUESTS_PER_DOMAIN"), int, low=1)),
+                            check_number("DOWNLOAD_DELAY", settings.get("DOWNLOAD_DELAY"), float, low=0.0,
+                                         high=LONGEST))
         start = math.ceil(ready / config.page_limit) if config.prefetch is None else config.prefetch
         return cls(ready=ready, max_leases=config.concurrent_subtasks or requests, prefetch=config.prefetch,
                    prefetch_min=start, prefetch_max=max(start, 4 * requests), tick=config.tick_interval)

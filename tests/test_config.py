@@ -9,6 +9,7 @@ from scrapy.settings import Settings
 
 from scheduler_ext.config import Config, backoff
 from scheduler_ext.exceptions import ConfigurationError
+from scheduler_ext.scheduler import Pace
 
 
 def test_defaults_give_the_papers_minute_to_every_role_of_the_old_threshold() -> None:
@@ -88,3 +89,15 @@ def test_the_exploration_size_has_one_default() -> None:
     from scheduler_ext.strategies.posterior import CHANGE_PAGES
 
     assert DEFAULTS["SCHEDEXT_EXPLORE_PAGES"] == Config().explore_pages == EXPLORE_PAGES == CHANGE_PAGES
+
+
+@pytest.mark.parametrize(("name", "value", "expected"), [
+    ("DOWNLOAD_DELAY", "nan", "DOWNLOAD_DELAY: expected a number >= 0 and <= 604800, got 'nan'"),
+    ("DOWNLOAD_DELAY", "-1", "DOWNLOAD_DELAY: expected a number >= 0 and <= 604800, got '-1'"),
+    ("CONCURRENT_REQUESTS", "0", "CONCURRENT_REQUESTS: expected an integer >= 1, got '0'"),
+])
+def test_a_node_names_a_bad_scrapy_setting_it_paces_by(name: str, value: str, expected: str) -> None:
+    # Before: DOWNLOAD_DELAY nan failed the node's start with "cannot convert float NaN to integer"
+    with pytest.raises(ConfigurationError) as err:
+        Pace.from_config(Config(), Settings({name: value}))
+    assert str(err.value) == expected
