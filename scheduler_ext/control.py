@@ -23,8 +23,8 @@ of waiting subtasks sized by the free crawl-queue slots, and only the estimates 
 Settings (through :class:`~scheduler_ext.config.Config`): ``SCHEDEXT_TICK_INTERVAL``, ``SCHEDEXT_TICK_BATCH``,
 ``SCHEDEXT_TICK_ALARM``, ``SCHEDEXT_LEADER_TTL``, ``SCHEDEXT_SPLITTER``, ``SCHEDEXT_ALLOCATION``,
 ``SCHEDEXT_MODIFICATION``, ``SCHEDEXT_RECALL``, ``SCHEDEXT_PAGE_LIMIT``, ``SCHEDEXT_TIME_LIMIT``,
-``SCHEDEXT_RECALL_AGE``, ``SCHEDEXT_NODE_TIMEOUT``, ``SCHEDEXT_MAX_ENTRY_BYTES``, ``SCHEDEXT_BACKOFF_MAX``,
-``SCHEDEXT_PREFIX``.
+``SCHEDEXT_RECALL_AGE``, ``SCHEDEXT_NODE_TIMEOUT``, ``SCHEDEXT_LEASE_TTL``, ``SCHEDEXT_MAX_ENTRY_BYTES``,
+``SCHEDEXT_BACKOFF_MAX``, ``SCHEDEXT_PREFIX``.
 """
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ from .connection import redis_from_settings
 from .exceptions import ConfigurationError, InvalidInput
 from .keys import Keys
 from .models import Report, Subtask, Task, loads_object
-from .store import Guard, Store, Write
+from .store import Guard, Store, Write, wrong_type
 from .strategies import Allocation, Estimate, Estimates, Modification, NodeView, Recall, RecallDecision, load_strategy
 from .strategies.posterior import SiteSums, Sums
 
@@ -64,6 +64,11 @@ logger = logging.getLogger(__name__)
 Splitter = Callable[[str], list[dict[str, Any]]]
 
 SHOWN_CHARS = 2000  # characters of an entry a dead letter shows when it cannot keep the entry whole
+# A lease deadline is at most SCHEDEXT_LEASE_TTL ahead of the Redis time it was written at (take.lua, heartbeat.lua).
+# One more than this many lease TTLs ahead (set by hand, or a server clock gone back that far) is none a script
+# wrote: it counts as lapsed, or it would never lapse and its subtask would be stuck for ever. Generous, so that a
+# clock that went back a little recalls no lease that is still held.
+LEASE_HORIZON = 10
 KEPT_CHARS = 65_536  # a valid UTF-8 entry up to this long is kept whole in its dead letter (so it can be requeued)
 
 
@@ -89,6 +94,7 @@ class EstimateCache:
         self._site_sums: dict[str, SiteSums] = {}
         self._group_sums: dict[tuple[str, str], dict[str, Sums]] = {}
         self.reads = 0  # hashes or fields read from Redis, for benchmarks and tests
+        self.asked: list[str] = []  # the keys of the last read sent (what a WRONGTYPE error may have come from)
 
     def reset(self) -> None:
         self._sites.clear()
@@ -111,8 +117,9 @@ class EstimateCache:
     def queue_reads(self, fields: Sequence[tuple[str, Any, str]], pipe: Any) -> None:
         """Queue on ``pipe`` the reads of these fields (their rows go to :meth:`update`, in order)."""
         keys = self.store.keys
-        for kind, what, node in fields:
-            pipe.hget(keys.est_site(what) if kind == "s" else keys.est_group_site(*what), node)
+        self.asked = [keys.est_site(what) if kind == "s" else keys.est_group_site(*what) for kind, what, _ in fields]
+        for key, (_, _, node) in zip(self.asked, fields, strict=True):
+            pipe.hget(key, node)
 
     def update(self, fields: Sequence[tuple[str, Any, str]], rows: Sequence[str | None]) -> None:
         """Take in the fields :meth:`changed` named, as read again (``rows``, in the same order)."""
@@ -153,11 +160,10 @@ class EstimateCache:
             groups = [gs for gs, there in zip(groups, exist, strict=True) if there]
         if not sites and not groups:
             return
+        self.asked = [*(keys.est_site(site) for site in sites), *(keys.est_group_site(g, s) for g, s in groups)]
         with self.store.redis.pipeline(transaction=False) as pipe:
-            for site in sites:
-                pipe.hgetall(keys.est_site(site))
-            for group, site in groups:
-                pipe.hgetall(keys.est_group_site(group, site))
+            for key in self.asked:
+                pipe.hgetall(key)
             rows = pipe.execute()
         self.reads += len(rows)
         for site, fields in zip(sites, rows, strict=False):
@@ -316,15 +322,18 @@ class LapsedLease:
     sid: str
     lease: str | None  # lease_info JSON
     subtask: str | None  # subtasks JSON
+    beyond: float = math.inf  # a deadline after this is no time a script wrote: lapsed too (LEASE_HORIZON)
 
 
 @dataclass(frozen=True)
 class SilentNode:
-    """A node whose last heartbeat is older than the node timeout, with its crawl queue."""
+    """A node whose last heartbeat is older than the node timeout (``cutoff``), or further ahead than a clock can
+    be wrong (``beyond``: the node timeout ahead), with its crawl queue."""
 
     node: str
     cutoff: float
     queue: list[str]
+    beyond: float = math.inf
 
 
 @dataclass
@@ -876,7 +885,8 @@ class _Decider:
     def _lapsed(self, lease: LapsedLease) -> Decision | None:
         k, sid = self.k, lease.sid
         if lease.lease is None:  # a deadline with no lease behind it: nothing to recall
-            return Decision("drop", [Guard.zscore_le(k.leases, sid, self.now)], [Write.zrem(k.leases, sid)], sid)
+            return Decision("drop", [Guard.zscore_le(k.leases, sid, self.now, lease.beyond)],
+                            [Write.zrem(k.leases, sid)], sid)
         try:
             info = json.loads(lease.lease)
             token, node = info["token"], info.get("node")
@@ -886,7 +896,7 @@ class _Decider:
             extra: list[Write] = []
         except (ValueError, KeyError, TypeError, RecursionError):  # not a lease we wrote: recall what it holds
             node = None
-            guards = [Guard.zscore_le(k.leases, sid, self.now)]
+            guards = [Guard.zscore_le(k.leases, sid, self.now, lease.beyond)]
             extra = [Write.zrem(k.leases, sid), Write.hdel(k.lease_info, sid)]
         node = node if isinstance(node, str) else None
         st = Subtask.from_json(lease.subtask or "null", "leased subtask")
@@ -900,7 +910,7 @@ class _Decider:
                                    **self._raw_fields(lease.subtask or "")),
                   Write.zrem(k.leases, sid), Write.hdel(k.lease_info, sid), Write.hdel(k.subtasks, sid),
                   *self._closed_raw(lease.subtask)]
-        return Decision("dead", [Guard.zscore_le(k.leases, sid, self.now)], writes, subject=sid, dead=1,
+        return Decision("dead", [Guard.zscore_le(k.leases, sid, self.now, lease.beyond)], writes, subject=sid, dead=1,
                         note=_reason(exc))
 
     def _stale(self, sid: str, raw: str | None) -> Decision | None:
@@ -946,7 +956,7 @@ class _Decider:
                                 subject=dead_id, dead=1)
 
             self._isolated(recall, dead)
-        self.decisions.append(Decision("forget", [Guard.zscore_le(k.node_seen, node, silent.cutoff)],
+        self.decisions.append(Decision("forget", [Guard.zscore_le(k.node_seen, node, silent.cutoff, silent.beyond)],
                                        [Write.hdel(k.nodes, node), Write.zrem(k.node_seen, node)], subject=node,
                                        note=f"node {node} stopped heartbeating; its queued work was recalled"))
 
@@ -1101,7 +1111,7 @@ class Control:
                  page_limit: int = 5, time_limit: float = 30.0, batch: int = 500, leader_ttl: float = 10.0,
                  node_timeout: float | None = None, recall_age: float | None = None,
                  max_entry_bytes: int = 1_000_000, max_split: int = 1_000, lanes: int = 2,
-                 idle_lanes: int = 8) -> None:
+                 idle_lanes: int = 8, lease_ttl: float | None = None) -> None:
         self.store, self.keys = store, store.keys
         self.splitter = splitter
         self.allocation, self.modification, self.recall = allocation, modification, recall
@@ -1110,6 +1120,7 @@ class Control:
         self.batch, self.leader_ttl = batch, leader_ttl
         self.recall_age = recall.threshold if recall_age is None else recall_age
         self.node_timeout = self.recall_age if node_timeout is None else node_timeout
+        self.lease_horizon = LEASE_HORIZON * (self.recall_age if lease_ttl is None else lease_ttl)
         self.max_entry_bytes = max_entry_bytes
         self.strategies = Strategies(allocation=allocation, modification=modification, recall=recall,
                                      splitter=splitter, page_limit=page_limit, time_limit=time_limit,
@@ -1141,14 +1152,38 @@ class Control:
             control_id=config.control_id, page_limit=config.page_limit, time_limit=config.time_limit,
             batch=config.tick_batch, leader_ttl=config.leader_ttl, node_timeout=config.node_timeout,
             recall_age=config.recall_age, max_entry_bytes=config.max_entry_bytes, max_split=config.max_split,
-            lanes=config.task_lanes, idle_lanes=config.task_lanes_idle)
+            lanes=config.task_lanes, idle_lanes=config.task_lanes_idle, lease_ttl=config.lease_ttl)
 
     @classmethod
     def from_crawler(cls, crawler: Any) -> Control:
         return cls.from_config(crawler, config_for(crawler))
 
     def tick(self) -> TickResult:
-        """Lead (or stand by), read, decide, apply. Redis errors propagate (the caller retries with backoff)."""
+        """Lead (or stand by), read, decide, apply. Redis errors propagate (the caller retries with backoff); after
+        a WRONGTYPE error the keys of the wrong type are set aside first (:meth:`heal`), so the next tick runs."""
+        try:
+            return self._tick()
+        except redis.ResponseError as exc:
+            if wrong_type(exc):
+                self.heal()
+            raise
+
+    def heal(self) -> list[str]:
+        """Set aside every key a tick uses that is of another type than the schema gives it (``Store.set_aside``);
+        the keys set aside. Only after a WRONGTYPE error, which does not say which key: a hand ``SET`` on one
+        cluster key (``sleeping``, ``waiting``, ``tasks``, ...) or on a node's crawl queue failed every tick until a
+        person deleted it. First the deployment's own keys, so that ``node_seen`` and ``nodes`` can name the nodes;
+        then the crawl queue of every node known, and the estimate hashes the tick read last."""
+        store, k = self.store, self.keys
+        moved = store.set_aside(k.cluster_keys)
+        nodes = set(self._slots) | set(store.redis.zrange(k.node_seen, 0, -1)) | set(store.redis.hkeys(k.nodes))
+        moved += store.set_aside([*(k.crawl(n) for n in sorted(nodes)), *self.estimates.asked])
+        if not moved:
+            logger.warning("control %s: a WRONGTYPE error, and no key the tick uses is of another type than "
+                           "docs/redis-keys.md gives it", self.control_id)
+        return moved
+
+    def _tick(self) -> TickResult:
         leader = self.store.lead(self.control_id, self.leader_ttl)
         if leader != self.is_leader:
             logger.info("control %s is now %s", self.control_id, "the leader" if leader else "on standby")
@@ -1194,7 +1229,8 @@ class Control:
         guess = min(sum(slots.values()), self._free + max(16, self._free // 8))
         asked = self.strategies.window(guess) + self._held if slots else 0
         t = store.snapshot(batch=batch, max_bytes=self.max_entry_bytes, recall_age=self.recall_age,
-                           node_timeout=self.node_timeout, window=asked, nodes=list(slots))
+                           node_timeout=self.node_timeout, window=asked, nodes=list(slots),
+                           lease_horizon=self.lease_horizon)
         now = self.now = t.now  # one Redis time per tick: the time stamps of its decisions
         snap = Snapshot(keys=k, now=now, estimates=self.estimates, ids=self._ids, more=t.more,
                         virtual=[Entry(k.virtual, *e) for e in t.virtual],
@@ -1234,9 +1270,10 @@ class Control:
             tasks = [*tasks[:len(tids)], *r.hmget(k.tasks, more)]
             tids = [*tids, *more]
         snap.tasks = dict(zip(tids, tasks, strict=False))
-        snap.lapsed = [LapsedLease(sid, lease, st) for sid, lease, st in zip(t.lapsed, leases, leased, strict=False)]
+        snap.lapsed = [LapsedLease(sid, lease, st, now + self.lease_horizon)
+                       for sid, lease, st in zip(t.lapsed, leases, leased, strict=False)]
         snap.stale = list(zip(t.stale, stale_raw, strict=False))
-        snap.silent = [SilentNode(node, now - self.node_timeout, list(reversed(queue)))
+        snap.silent = [SilentNode(node, now - self.node_timeout, list(reversed(queue)), now + self.node_timeout)
                        for node, queue in zip(t.silent, silent_queues, strict=True)]
         if total_free:
             snap.waiting, snap.parsed = self._read_window(ids, dict(zip(new, records, strict=False)))

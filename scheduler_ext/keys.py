@@ -8,6 +8,20 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+#: The Redis type of every key of the schema (docs/redis-keys.md), by its name after the prefix, as ``TYPE`` names
+#: it. A name that ends in ``:`` is a family (``crawl:<node>``), matched by the start of the key's name. This is the
+#: one list :meth:`Store.set_aside <scheduler_ext.store.Store.set_aside>` checks keys against.
+TYPES: dict[str, str] = {
+    "virtual": "list", "seq": "string", "tasks": "hash", "subtasks": "hash", "waiting": "zset", "crawl:": "list",
+    "queued": "zset", "leases": "zset", "lease_info": "hash", "sleeping": "list", "failed": "list", "dead": "hash",
+    "nodes": "hash", "node_seen": "zset", "leader": "string", "controls": "hash", "runs": "stream",
+    "agg:sn:": "hash", "agg:psn:": "hash", "est:site:": "hash", "est:gs:": "hash", "est:dirty": "set",
+    "est:groups": "set", "agg:pairs": "set", "agg:triples": "set", "count:node:": "hash", "count:cluster": "hash",
+    "progress": "hash", "stats:node:": "hash", "stats:site:": "hash", "history": "list", "history:slot": "string",
+    "audit": "list", "polite:slots:": "hash", "polite:seen:": "zset", "polite:bucket:": "hash",
+}
+_FAMILIES = tuple(name for name in TYPES if name.endswith(":"))
+
 
 @dataclass(frozen=True)
 class Keys:
@@ -15,6 +29,35 @@ class Keys:
 
     def _k(self, name: str) -> str:
         return f"{self.prefix}:{name}"
+
+    # --- the schema's types ----------------------------------------------------------------------------------
+    @property
+    def cluster_keys(self) -> list[str]:
+        """Every key of the schema that is one per deployment (not per node, site or product)."""
+        return [self._k(name) for name in TYPES if not name.endswith(":")]
+
+    def expected_type(self, key: str) -> str | None:
+        """The Redis type the schema gives ``key`` (:data:`TYPES`); None for a key it does not know (another
+        prefix, a key set aside, a name of no family).
+
+        >>> keys = Keys("{pc}")
+        >>> keys.expected_type("{pc}:waiting"), keys.expected_type("{pc}:crawl:n1"), keys.expected_type("{x}:tasks")
+        ('zset', 'list', None)
+        """
+        head = f"{self.prefix}:"
+        if not key.startswith(head):
+            return None
+        name = key[len(head):]
+        if name in TYPES and not name.endswith(":"):
+            return TYPES[name]
+        family = next((f for f in _FAMILIES if name.startswith(f) and len(name) > len(f)), None)
+        return None if family is None else TYPES[family]
+
+    def garbage(self, key: str, at: str) -> str:
+        """Where :meth:`Store.set_aside <scheduler_ext.store.Store.set_aside>` keeps ``key``, found of another type
+        than the schema gives it at Redis time ``at``: ``garbage:<name>:<at>``, under the same prefix (the same
+        hash tag, so the script that renames it stays legal on Redis Cluster), for a person to look at."""
+        return self._k(f"garbage:{key[len(self.prefix) + 1:]}:{at}")
 
     # --- input and records -------------------------------------------------------------------------------
     @property

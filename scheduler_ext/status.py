@@ -72,7 +72,8 @@ def collect_status(store: Store, node_timeout: float = 60.0, *, recall_threshold
                    ) -> dict[str, Any]:
     """Everything ``scrapy status`` shows, as plain JSON-ready data. Cost: O(nodes x sites + products).
 
-    A node is alive if its last heartbeat is at most ``node_timeout`` seconds old (``Config.node_timeout``);
+    A node is alive if its last heartbeat is at most ``node_timeout`` seconds old (``Config.node_timeout``), and no
+    further ahead than that (a time no heartbeat writes: the control takes such a node for dead too);
     ``recall_threshold`` is its older name, kept for callers that pass it by keyword.
     """
     if recall_threshold is not None:
@@ -118,7 +119,7 @@ def collect_status(store: Store, node_timeout: float = 60.0, *, recall_threshold
         info = _object(raw)
         crawl[n] = int(qlen)
         node_rows.append({
-            "id": n, "alive": seen is not None and now - float(seen) <= node_timeout,
+            "id": n, "alive": seen is not None and abs(now - float(seen)) <= node_timeout,
             "type": info.get("type"), "address": info.get("address"), "host": info.get("host"),
             "pid": info.get("pid"), "last_seen": _num(seen), "subtasks": info.get("subtasks", []),
             "crawl_queue": int(qlen), "counts": {c: _count(counts.get(c)) for c in NODE_COUNTS}})

@@ -6,6 +6,12 @@ is still at the tail of its list, the lease token still matches, the subtask is 
 that follow from it happen in one script, so a decision is applied exactly once even if two controls race or one
 dies half-way. Times are Redis server time (``TIME`` inside the scripts), never a node's clock.
 
+A key of another type than the schema gives it (a hand ``SET``) makes every command on it fail with WRONGTYPE, and
+with it every loop that uses the key. Every script checks the type of each key it writes before its first write
+(``lua/types.lua``), so such a call changes nothing; :meth:`Store.set_aside` then renames the keys of the wrong
+type aside, kept for a person, and the next call runs normally. The node operations do that themselves, and run
+once more; the control does it when its tick fails so (:meth:`Control.heal <scheduler_ext.control.Control.heal>`).
+
 Key schema: :mod:`scheduler_ext.keys` (docs/redis-keys.md).
 """
 
@@ -27,7 +33,8 @@ from .strategies.posterior import GROUP_NODES
 
 logger = logging.getLogger(__name__)
 
-SCRIPTS = ("take", "heartbeat", "finish", "release", "commit", "lead", "resign", "snapshot", "nodes", "ids")
+SCRIPTS = ("take", "heartbeat", "finish", "release", "commit", "lead", "resign", "snapshot", "nodes", "ids",
+           "aside")
 _INCLUDE = re.compile(r"^--@include (\w+)$", re.MULTILINE)
 
 
@@ -51,6 +58,12 @@ def lease_node(raw: str | bytes | None) -> str | None:
         return None
     node = info.get("node") if isinstance(info, dict) else None
     return node if isinstance(node, str) else None
+
+
+def wrong_type(exc: BaseException) -> bool:
+    """Whether ``exc`` is Redis's WRONGTYPE error (a key of another type than a command or script uses it as), from a
+    command, a pipeline or a script (``lua/types.lua``: the script changed nothing)."""
+    return isinstance(exc, redis.ResponseError) and "WRONGTYPE" in str(exc)
 
 
 class Guard(tuple):  # type: ignore[type-arg]
@@ -88,9 +101,11 @@ class Guard(tuple):  # type: ignore[type-arg]
         return cls(("lrem", key, raw))
 
     @classmethod
-    def zscore_le(cls, key: str, member: str, score: float) -> Guard:
-        """``member``'s score is at most ``score`` (nothing removed)."""
-        return cls(("zscore_le", key, member, score))
+    def zscore_le(cls, key: str, member: str, score: float, beyond: float = math.inf) -> Guard:
+        """``member``'s score is at most ``score``, or after ``beyond`` (+inf always: a time no script writes)
+        (nothing removed)."""
+        return cls(("zscore_le", key, member, score) if beyond == math.inf else
+                   ("zscore_le", key, member, score, beyond))
 
     @classmethod
     def hdel(cls, key: str, field: str) -> Guard:
@@ -202,19 +217,66 @@ class Store:
         self._take, self._heartbeat, self._finish = scripts["take"], scripts["heartbeat"], scripts["finish"]
         self._release, self._commit = scripts["release"], scripts["commit"]
         self._lead, self._resign, self._snapshot = scripts["lead"], scripts["resign"], scripts["snapshot"]
-        self._nodes, self._ids = scripts["nodes"], scripts["ids"]
+        self._nodes, self._ids, self._aside = scripts["nodes"], scripts["ids"], scripts["aside"]
 
     def now(self) -> float:
         """Redis server time, seconds."""
         sec, usec = self.redis.time()
         return float(sec) + usec / 1e6
 
+    # --- keys of the wrong type -------------------------------------------------------------------------------
+    def set_aside(self, keys: Iterable[str]) -> list[str]:
+        """Rename aside each of ``keys`` whose Redis type is not the one the schema gives it (``Keys.expected_type``;
+        a key it does not know, or that does not exist, is left alone, and so is ``seq``); the keys set aside.
+
+        Called after a WRONGTYPE error only: one pipeline of ``TYPE`` (and the server time), then, for each key found
+        wrong, the ``aside`` script, which checks the type again in the same atomic step as the ``RENAME``, so a key
+        of the right type is never moved. The key goes to ``garbage:<name>:<Redis time>`` (``Keys.garbage``), kept
+        for a person to look at, and is counted (``count:cluster`` field ``garbage_keys``); a warning names it.
+        """
+        k = self.keys
+        # Never ``seq``: one of another type starts above any id it gave (counter.lua), where one set aside would
+        # start again from 1 and give ids twice.
+        expected = {key: kind for key in keys if (kind := k.expected_type(key)) is not None and key != k.seq}
+        if not expected:
+            return []
+        with self.redis.pipeline(transaction=False) as pipe:
+            pipe.time()
+            for key in expected:
+                pipe.type(key)
+            (sec, usec), *found = pipe.execute()
+        kinds = [f.decode() if isinstance(f, bytes) else f for f in found]
+        wrong = [key for key, kind in zip(expected, kinds, strict=True) if kind not in ("none", expected[key])]
+        # count:cluster first: the aside script counts there, and a counter of another type would be replaced
+        # (counter.lua) rather than kept
+        wrong.sort(key=lambda key: key != k.counters)
+        moved = []
+        for key in wrong:
+            aside = k.garbage(key, f"{sec}.{int(usec):06d}")
+            found_kind = self._aside(keys=[key, aside, k.counters], args=[expected[key]])
+            if found_kind:
+                logger.warning("%s was a %s where a %s belongs (set by hand?): every command on it failed "
+                               "(WRONGTYPE); set aside as %s", key, found_kind, expected[key], aside)
+                moved.append(key)
+        return moved
+
+    def _healing(self, script: Any, keys: list[str], args: list[Any]) -> Any:
+        """``script`` run on ``keys``; if a key of another type stopped it (WRONGTYPE), the keys of the wrong type
+        are set aside and it runs once more. Safe: the scripts check their keys' types before their first write
+        (``lua/types.lua``), so the failed run changed nothing."""
+        try:
+            return script(keys=keys, args=args)
+        except redis.ResponseError as exc:
+            if not wrong_type(exc) or not self.set_aside(keys):
+                raise
+        return script(keys=keys, args=args)
+
     # --- node side ----------------------------------------------------------------------------------------------
     def take(self, node: str, lease_ttl: float, grace: float, max_skip: int = 8) -> tuple[str, str, float] | None:
         """Lease the next subtask of ``node``'s crawl queue: (subtask json, token, start time) or None."""
         k = self.keys
-        res = self._take(keys=[k.crawl(node), k.leases, k.lease_info, k.subtasks, k.failed, k.queued, k.seq,
-                               k.counters], args=[node, max_skip, lease_ttl, grace])
+        res = self._healing(self._take, [k.crawl(node), k.leases, k.lease_info, k.subtasks, k.failed, k.queued,
+                                         k.seq, k.counters], [node, max_skip, lease_ttl, grace])
         if not res:
             return None
         return res[0], res[1], float(res[2])
@@ -235,7 +297,7 @@ class Store:
         args: list[Any] = [node, json.dumps(info, ensure_ascii=False), lease_ttl]
         for sid, token in leases:
             args += [sid, token]
-        return list(self._heartbeat(keys=[k.nodes, k.node_seen, k.leases, k.lease_info], args=args))
+        return list(self._healing(self._heartbeat, [k.nodes, k.node_seen, k.leases, k.lease_info], args))
 
     def finish(self, sid: str, token: str, report_json: str, *, node: str, site: str, group: str,
                offered: int, collected: int, pages: int, seconds: float, ok: bool, alpha: float,
@@ -261,7 +323,7 @@ class Store:
                 pages + (0 if ok else 1) if attempted is None else attempted, f"{fail_cost:.6f}", errors,
                 f"{node_seconds:.6f}" if node_seconds is not None and 0 <= node_seconds < math.inf else "",
                 GROUP_NODES]
-        return bool(self._finish(keys=keys, args=args))
+        return bool(self._healing(self._finish, keys, args))
 
     def release(self, node: str, leases: Iterable[tuple[str, str, float]], *, deregister: bool = False) -> int:
         """Return unfinished leased subtasks and the node's crawl queue to ``waiting``; how many moved. With
@@ -271,8 +333,8 @@ class Store:
         args: list[Any] = [node, "1" if deregister else "0"]
         for sid, token, priority in leases:
             args += [sid, token, priority]
-        return int(self._release(keys=[k.leases, k.lease_info, k.subtasks, k.waiting, k.crawl(node), k.queued,
-                                       k.nodes, k.node_seen], args=args))
+        return int(self._healing(self._release, [k.leases, k.lease_info, k.subtasks, k.waiting, k.crawl(node),
+                                                 k.queued, k.nodes, k.node_seen], args))
 
     def purge(self) -> int:
         """Delete every key of this deployment's prefix; how many. For the demo, experiments and tests, which own
@@ -284,18 +346,21 @@ class Store:
 
     # --- control side -----------------------------------------------------------------------------------------
     def snapshot(self, *, batch: int, max_bytes: int, recall_age: float, node_timeout: float, window: int,
-                 nodes: Sequence[str], dirty_limit: int = 100_000, show_bytes: int = 2000,
+                 nodes: Sequence[str], lease_horizon: float, dirty_limit: int = 100_000, show_bytes: int = 2000,
                  budget: int = 8_000_000) -> TickRead:
         """What a control tick reads first, in one script call (lua/snapshot.lua): see :class:`TickRead`.
 
         ``nodes``: the nodes expected to be live, whose registry entries and crawl-queue lengths come along;
         ``window``: how many ids of ``waiting`` to return. Pops up to ``dirty_limit`` members of ``est:dirty``.
+        A lease deadline more than ``lease_horizon`` seconds ahead, and a heartbeat more than ``node_timeout``
+        seconds ahead, are times no script writes: the lease counts as lapsed and the node as silent.
         """
         k = self.keys
         res = self._snapshot(
             keys=[k.virtual, k.sleeping, k.failed, k.leases, k.queued, k.node_seen, k.nodes, k.waiting, k.est_dirty,
                   *(k.crawl(n) for n in nodes)],
-            args=[batch, max_bytes, show_bytes, budget, recall_age, node_timeout, window, dirty_limit, *nodes])
+            args=[batch, max_bytes, show_bytes, budget, recall_age, node_timeout, window, dirty_limit, lease_horizon,
+                  *nodes])
         (sec, usec), virtual, sleeping, failed, lapsed, stale, silent, live, entries, waiting, dirty = res
 
         def listed(flat: list[Any]) -> list[tuple[str, int, str]]:

@@ -14,7 +14,9 @@ or return a valid record, and ``decide`` returns decisions without raising.
 from __future__ import annotations
 
 import json
+import logging
 import pickle
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -51,13 +53,15 @@ def raw(redis_url: str) -> redis_lib.Redis:
     return redis_lib.Redis.from_url(redis_url)
 
 
-def run_valid_task(store: Store, control: Any, node: str = "n1", ticks: int = 30) -> None:
-    """Push the valid virtual task, then tick and play the node until its task is done."""
+def run_valid_task(store: Store, control: Any, node: str = "n1", ticks: int = 30,
+                   tick: Callable[[], Any] | None = None) -> None:
+    """Push the valid virtual task, then tick (``control.tick``, unless ``tick`` says how) and play the node until
+    its task is done."""
     store.redis.lpush(store.keys.virtual, json.dumps(VALID, ensure_ascii=False))
     k = store.keys
     for _ in range(ticks):
         store.heartbeat(node, NODE_INFO, 30, [])
-        control.tick()
+        (tick or control.tick)()
         if store.redis.hget(k.progress, f"{VALID['name']}|done") == "1":
             return
         got = store.take(node, lease_ttl=30, grace=5)
@@ -74,6 +78,29 @@ def run_valid_task(store: Store, control: Any, node: str = "n1", ticks: int = 30
 
 def dead(store: Store) -> list[dict[str, Any]]:
     return [json.loads(v) for v in store.redis.hvals(store.keys.dead)]
+
+
+class StubCrawler:
+    """What :class:`ControlExtension` asks of a crawler: stats and signals that take anything."""
+
+    class stats:  # noqa: N801 - a stand-in for Scrapy's stats collector
+        @staticmethod
+        def inc_value(*a: Any) -> None: ...
+
+        @staticmethod
+        def set_value(*a: Any) -> None: ...
+
+    class signals:  # noqa: N801
+        @staticmethod
+        def connect(*a: Any, **kw: Any) -> None: ...
+
+
+def extension(control: Any) -> Any:
+    """``control`` in the loop the control process runs it in (``run_once``: a failed tick is recorded, never
+    raised)."""
+    from scheduler_ext.control import ControlExtension
+
+    return ControlExtension(StubCrawler(), control, 0.01, alarm=3, backoff_max=0.01)
 
 
 # --- every input list of the control ------------------------------------------------------------------------------
@@ -389,30 +416,17 @@ def test_modification_that_raises_dead_letters_the_report_kept_whole(store: Stor
 
 
 def test_a_control_that_cannot_tick_says_so_in_status(store: Store) -> None:
-    from scheduler_ext.control import ControlExtension
     from scheduler_ext.status import collect_status
 
     class Boom(Exception):
         pass
-
-    class Crawler:
-        class stats:  # noqa: N801 - a stand-in for Scrapy's stats collector
-            @staticmethod
-            def inc_value(*a: Any) -> None: ...
-
-            @staticmethod
-            def set_value(*a: Any) -> None: ...
-
-        class signals:  # noqa: N801
-            @staticmethod
-            def connect(*a: Any, **kw: Any) -> None: ...
 
     control = make_control(store)
 
     def broken() -> Any:
         raise Boom("every tick")
 
-    ext = ControlExtension(Crawler(), control, 0.01, alarm=3, backoff_max=0.01)
+    ext = extension(control)
     control.tick = broken  # type: ignore[method-assign]
     for _ in range(3):
         assert ext.run_once() is None
@@ -809,18 +823,25 @@ def test_leader_key_set_by_hand_is_taken_over(store: Store, raw: redis_lib.Redis
     assert store.redis.get(k.leader) == "other"
 
 
-def test_lease_deadline_past_any_time_lapses(store: Store, raw: redis_lib.Redis) -> None:
-    """No script writes a deadline past its lease's hard deadline, a finite time; one of +inf set by hand never
-    lapsed and held its subtask for ever. It is now lapsed, whatever lease stands behind it."""
+@pytest.mark.parametrize("deadline", ["+inf", "1e300", "a day ahead"])
+def test_lease_deadline_past_any_time_lapses(store: Store, raw: redis_lib.Redis, deadline: str) -> None:
+    """No script writes a deadline further ahead than SCHEDEXT_LEASE_TTL from the Redis time it writes it at (take.lua,
+    heartbeat.lua); one of +inf set by hand never lapsed and held its subtask for ever, and neither did a finite one
+    far ahead (1e300, a day). Past LEASE_HORIZON lease TTLs ahead it is now lapsed, whatever lease stands behind
+    it; a deadline a clock gone back a little could have left (two TTLs ahead) still holds its lease."""
     k = store.keys
-    for sid in ("L1", "L2"):
+    now = store.now()
+    for sid in ("L1", "L2", "L4"):
         raw.hset(k.subtasks, sid, Subtask(id=sid, task="t", site="a.com", first_page=0, page_limit=1,
                                           time_limit=5.0).to_json())
     raw.hset(k.lease_info, "L1", json.dumps({"token": "dead:1", "node": "dead", "started": 1, "hard": 1e308}))
     raw.hset(k.lease_info, "L2", b"[1]")  # unreadable lease, readable record: recalled
-    raw.zadd(k.leases, {"L1": float("inf"), "L2": float("inf"), "L3": float("inf")})  # L3: nothing behind it
+    raw.hset(k.lease_info, "L4", json.dumps({"token": "slow:1", "node": "slow", "started": now, "hard": now + 90}))
+    far = {"+inf": float("inf"), "1e300": 1e300, "a day ahead": now + 86_400}[deadline]
+    raw.zadd(k.leases, {"L1": far, "L2": far, "L3": far})  # L3: nothing behind it
+    raw.zadd(k.leases, {"L4": now + 2 * 30})  # make_control's lease TTL: its recall age, 30 s
     run_valid_task(store, make_control(store))
-    assert store.redis.zcard(k.leases) == 0 and not store.redis.exists(k.lease_info) and not dead(store)
+    assert store.redis.zrange(k.leases, 0, -1) == store.redis.hkeys(k.lease_info) == ["L4"] and not dead(store)
     assert store.redis.hget(k.node_counters("dead"), "recalled") == "1"
     runs = [json.loads(r[1]["report"])["subtask"] for r in store.redis.xrange(k.runs)]
     assert sorted(r["id"] for r in runs if r["id"] in ("L1", "L2")) == ["L1", "L2"]
@@ -837,3 +858,125 @@ def test_crawl_entry_with_priority_nan_is_released_not_lost(store: Store, raw: r
     assert store.redis.zrange(k.waiting, 0, -1, withscores=True) == [("r0", 0.0), ("r1", 0.0)]
     run_valid_task(store, make_control(store))
     assert [(e["id"], e["kind"]) for e in dead(store)] == [("r0", "waiting")]
+
+
+def test_a_heartbeat_far_in_the_future_is_a_lapsed_node(store: Store, raw: redis_lib.Redis) -> None:
+    """A heartbeat is written at the Redis time (heartbeat.lua): one of 1e308, or a day ahead, kept a ghost node
+    alive for ever, and the control gave it work that nobody took. One further ahead than the node timeout (the
+    clock skew allowed) is now a lapsed heartbeat: the node is silent, its crawl queue is recalled, its entry goes,
+    and status shows it dead. One a little ahead (a clock gone back less than that) is still alive."""
+    k = store.keys
+    now = store.now()
+    raw.hset(k.nodes, mapping={"ghost": json.dumps(NODE_INFO), "ahead": json.dumps(NODE_INFO),
+                               "near": json.dumps({**NODE_INFO, "type": [5]})})  # (a type no subtask has)
+    raw.zadd(k.node_seen, {"ghost": 1e308, "ahead": now + 86_400, "near": now + 10})
+    queued = Subtask(id="g1", task="tg", site="ok.example", first_page=0, page_limit=1, time_limit=5.0, node="ghost")
+    raw.lpush(k.crawl("ghost"), queued.to_json())
+    raw.zadd(k.queued, {"g1": now})
+    alive = {n["id"]: n["alive"] for n in collect_status(store, node_timeout=30)["nodes"]}
+    assert alive == {"ghost": False, "ahead": False, "near": True}
+    run_valid_task(store, make_control(store))  # (its node timeout: 30 s)
+    assert set(store.redis.hkeys(k.nodes)) == set(store.redis.zrange(k.node_seen, 0, -1)) == {"n1", "near"}
+    assert not store.redis.exists(k.crawl("ghost"))
+    runs = [json.loads(r[1]["report"])["subtask"] for r in store.redis.xrange(k.runs)]
+    assert [r["node"] for r in runs if r["id"] == "g1"] == ["n1"]  # recalled from the ghost, run by a live node
+
+
+def test_resign_leaves_a_leader_key_of_another_type_alone(store: Store, raw: redis_lib.Redis) -> None:
+    """resign.lua read the leader key with GET, which fails on a key of another type (a hash set by hand): a
+    control's clean stop raised. Such a key holds no lease of ours: resign leaves it, and the next lead takes it
+    over (lead.lua)."""
+    k = store.keys
+    control = make_control(store)
+    assert control.tick().leader
+    raw.delete(k.leader)
+    raw.hset(k.leader, "id", "c1")
+    control.resign()
+    assert raw.type(k.leader) == b"hash" and not control.is_leader
+    assert store.resign("c1") is False and raw.hget(k.leader, "id") == b"c1"
+    assert store.lead("c1", 5) and store.redis.get(k.leader) == "c1"
+
+
+# --- keys of another type than the schema gives them -------------------------------------------------------------
+
+#: A key of each kind a control tick or a node uses, and the type a hand edit gave it instead (docs/redis-keys.md).
+SPOILED = {"sleeping": "string", "waiting": "hash", "tasks": "string", "subtasks": "list", "leases": "hash",
+           "lease_info": "string", "queued": "string", "failed": "hash", "virtual": "string", "dead": "list",
+           "nodes": "string", "node_seen": "hash", "crawl:n1": "string", "est:site:ok.example": "string"}
+#: The keys that held the first task's state when the hand edit overwrote them: that task cannot end.
+HELD = {"tasks", "crawl:n1"}
+
+
+def spoil(raw: redis_lib.Redis, key: str, kind: str) -> None:
+    """What a person does by hand: a value of type ``kind`` at ``key`` (what was there is gone)."""
+    raw.delete(key)
+    {"string": lambda: raw.set(key, b"x"), "hash": lambda: raw.hset(key, "x", b"x"),
+     "list": lambda: raw.rpush(key, b"x")}[kind]()
+
+
+@pytest.mark.parametrize("name", sorted(SPOILED))
+def test_a_key_of_another_type_is_set_aside_and_the_work_goes_on(store: Store, raw: redis_lib.Redis, name: str,
+                                                                 caplog: pytest.LogCaptureFixture) -> None:
+    """A hand SET on one key of the deployment, or on a node's crawl queue, failed every control tick (or every
+    take, heartbeat or finish of the nodes) with WRONGTYPE until a person deleted it. The first call that fails so
+    now sets the key aside, kept under ``garbage:<name>:<Redis time>`` with what it held, counted and logged; the
+    tick after it runs. The work goes on: a task split before the hand edit (unless the edit overwrote its state)
+    and one injected after it end, and a bad entry pushed meanwhile is dead-lettered, not lost."""
+    k = store.keys
+    key, kind = f"{k.prefix}:{name}", SPOILED[name]
+    ext = extension(make_control(store, allocation=DynamicAllocation()))
+    store.heartbeat("n1", NODE_INFO, 30, [])
+    # (on a site of its own: the control reads ok.example's estimates, the valid task's, first after the edit)
+    store.redis.lpush(k.virtual, json.dumps({"name": "before", "sites": ["early.example"]}))
+    first = ext.run_once()
+    assert first is not None and first.split == 1 and first.allocated == 1
+    spoil(raw, key, kind)
+    ticks: list[Any] = []
+    with caplog.at_level(logging.WARNING, logger="scheduler_ext.store"):
+        store.heartbeat("n1", NODE_INFO, 30, [])
+        ticks.append(ext.run_once())
+        raw.lpush(k.virtual, PICKLE)  # a dead letter to write (into `dead`, where that is the key)
+        run_valid_task(store, ext.control, tick=lambda: ticks.append(ext.run_once()))
+    [aside] = store.redis.scan_iter(match=f"{k.prefix}:garbage:{name}:*")
+    kept = {"string": lambda: raw.get(aside), "hash": lambda: raw.hget(aside, "x"),
+            "list": lambda: raw.lindex(aside, 0)}[kind]()
+    assert raw.type(aside) == kind.encode() and kept == b"x"
+    assert store.redis.type(key) in ("none", k.expected_type(key))
+    assert store.redis.hget(k.counters, "garbage_keys") == "1"
+    assert f"{key} was a {kind} where a {k.expected_type(key)} belongs" in caplog.text
+    assert ticks.count(None) <= 1  # at most the tick that met the key failed: every tick after it ran
+    [entry] = dead(store)
+    assert entry["kind"] == "virtual" and "UTF-8" in entry["reason"]
+    if name not in HELD:
+        assert store.redis.hget(k.progress, "before|done") == "1"
+
+
+@pytest.mark.parametrize("op, name", [("take", "leases"), ("take", "crawl:n1"), ("finish", "subtasks"),
+                                      ("finish", "sleeping"), ("release", "waiting")])
+def test_a_node_operation_that_meets_a_key_of_another_type_sets_it_aside_and_loses_nothing(
+        store: Store, raw: redis_lib.Redis, op: str, name: str) -> None:
+    """Redis keeps what a script wrote before it failed: a take that met a ``leases`` of another type had popped
+    its entry, a finish that met a ``subtasks`` of another type had removed the lease (its report was lost), a
+    release that met a ``waiting`` of another type had popped the crawl queue. Each script now checks its keys'
+    types before its first write; the node's call sets the wrong ones aside and runs again."""
+    k = store.keys
+    key = f"{k.prefix}:{name}"
+    st = Subtask(id="s1", task="t", site="a.com", first_page=0, page_limit=1, time_limit=5.0, node="n1")
+    raw.lpush(k.crawl("n1"), st.to_json())
+    if op == "finish":
+        _, token, started = store.take("n1", lease_ttl=30, grace=5) or ("", "", 0.0)
+    spoil(raw, key, "string")
+    if op == "take":
+        got = store.take("n1", lease_ttl=30, grace=5)
+        assert (got and got[0]) == (None if name == "crawl:n1" else st.to_json())  # (a crawl queue SET is gone)
+        assert name == "crawl:n1" or store.redis.zscore(k.leases, "s1") is not None
+    elif op == "finish":
+        report = Report(subtask=st, node="n1", outcome="done", pages=1, next_page=1, started=started, ended=started)
+        assert store.finish("s1", token, report.to_json(), node="n1", site="a.com", group="", offered=0, collected=0,
+                            pages=1, seconds=1.0, ok=True, alpha=0.3, runs_maxlen=100)
+        assert store.redis.lrange(k.sleeping, 0, -1) == [report.to_json()] and not store.redis.zcard(k.leases)
+    else:
+        assert store.release("n1", [], deregister=True) == 1
+        assert store.redis.zrange(k.waiting, 0, -1) == ["s1"] and store.redis.hexists(k.subtasks, "s1")
+    [aside] = store.redis.scan_iter(match=f"{k.prefix}:garbage:{name}:*")
+    assert raw.get(aside) == b"x" and store.redis.hget(k.counters, "garbage_keys") == "1"

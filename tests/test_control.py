@@ -478,18 +478,21 @@ def test_snapshot_reads_what_a_tick_needs_in_one_call(store: Store) -> None:
     k, r, now = store.keys, store.redis, store.now()
     big = "x" * 100
     r.lpush(k.virtual, "old", big, "new")  # the tail is the oldest
-    r.zadd(k.leases, {"lapsed": now - 1, "running": now + 60})
+    # a deadline past the lease horizon, a heartbeat past the node timeout ahead: times no script writes
+    r.zadd(k.leases, {"lapsed": now - 1, "running": now + 60, "absurd": now + 1000})
     r.zadd(k.queued, {"stale": now - 120, "fresh": now})
-    r.zadd(k.node_seen, {"silent": now - 100, "n1": now})
+    r.zadd(k.node_seen, {"silent": now - 100, "n1": now, "skewed": now + 20, "ghost": now + 100})
     r.hset(k.nodes, "n1", json.dumps(NODE_INFO))
     r.lpush(k.crawl("n1"), "a", "b")
     r.zadd(k.waiting, {"w1": 1, "w2": 2, "w3": 3})
     r.sadd(k.est_dirty, "s|n1|a.com", "g|n1|a.com|p")
-    t = store.snapshot(batch=10, max_bytes=50, recall_age=60, node_timeout=30, window=2, nodes=["n1", "gone"])
+    t = store.snapshot(batch=10, max_bytes=50, recall_age=60, node_timeout=30, window=2, nodes=["n1", "gone"],
+                       lease_horizon=600)
     assert now <= t.now <= store.now()
     assert [raw for raw, _, _ in t.virtual] == ["old", big[:2000], "new"] and t.sleeping == t.failed == []
     assert t.virtual[1][1:] == (100, hashlib.sha1(big.encode()).hexdigest())  # over max_bytes: size and SHA-1
-    assert (t.lapsed, t.stale, t.silent, t.live) == (["lapsed"], ["stale"], ["silent"], ["n1"])
+    assert (t.lapsed, t.stale) == (["lapsed", "absurd"], ["stale"])
+    assert (t.silent, t.live) == (["silent", "ghost"], ["n1", "skewed"])
     assert t.entries == {"n1": (json.dumps(NODE_INFO), 2), "gone": (None, 0)}
     assert t.window == ["w1", "w2"]
     assert sorted(t.dirty) == ["g|n1|a.com|p", "s|n1|a.com"] and r.scard(k.est_dirty) == 0
@@ -497,7 +500,8 @@ def test_snapshot_reads_what_a_tick_needs_in_one_call(store: Store) -> None:
 
 def test_snapshot_says_when_an_input_may_have_more_than_it_read(store: Store) -> None:
     k, r = store.keys, store.redis
-    read = functools.partial(store.snapshot, max_bytes=50, recall_age=60, node_timeout=30, window=0, nodes=[])
+    read = functools.partial(store.snapshot, max_bytes=50, recall_age=60, node_timeout=30, window=0, nodes=[],
+                             lease_horizon=600)
     r.lpush(k.sleeping, "a" * 10, "b" * 10, "c" * 10)
     assert read(batch=3).more and not read(batch=4).more  # as many entries as a tick reads: more may wait
     assert read(batch=10, budget=15).more  # stopped by the bytes a list may return

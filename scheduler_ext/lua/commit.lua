@@ -14,8 +14,9 @@ ones after it. Decisions are applied in order, so a later one sees what an earli
       ["lease_is", lease_info, leases, id, token]   the lease of id has this token; lease and deadline go
       ["zrem", zset, member]                        member is in the sorted set; it is removed
       ["lrem", list, value]                         value is in the list; one occurrence is removed
-      ["zscore_le", zset, member, x]                member's score is <= x, or +inf (checked, nothing
-                                                    removed); +inf is no time the scripts write (a hand edit)
+      ["zscore_le", zset, member, x(, beyond)]      member's score is <= x, or > beyond (default: +inf only;
+                                                    checked, nothing removed): a time further ahead than any
+                                                    script writes (a hand edit, a clock gone back) never comes
       ["hdel", hash, field]                         the field exists; it is removed
       ["hexists", hash, field]                      the field exists (checked, nothing removed)
     writes (built by scheduler_ext.store.Write):
@@ -23,14 +24,33 @@ ones after it. Decisions are applied in order, so a later one sees what an earli
       ["hincrby", k, f, n] ["del", k] ["sadd", k, m]
 
 Returns a list with one code per decision: 1 applied, 0 a guard failed, -1 malformed (an unknown guard or
-write; nothing of it applied).
+write; nothing of it applied). A key of another type than a decision uses it as fails the script with WRONGTYPE
+before that decision changes anything (types.lua); the decisions before it stay applied, each whole.
 ]]
 --@include counter
+--@include types
 
 local decisions = cjson.decode(ARGV[1])
 
 local knownGuards = {tail_is = 1, tail_sha1_is = 1, lease_is = 1, zrem = 1, lrem = 1, zscore_le = 1, hdel = 1, hexists = 1}
 local knownWrites = {hset = 1, hdel = 1, zadd = 1, zrem = 1, lpush = 1, hincrby = 1, del = 1, sadd = 1}
+
+-- The type each guard and write uses its key as; lease_is also uses its third element, a zset. Not checked: 'del'
+-- (any type), 'hincrby' (a counter of another type starts over by itself: counter.lua).
+local guardTypes = {tail_is = 'list', tail_sha1_is = 'list', lease_is = 'hash', zrem = 'zset', lrem = 'list',
+                    zscore_le = 'zset', hdel = 'hash', hexists = 'hash'}
+local writeTypes = {hset = 'hash', hdel = 'hash', zadd = 'zset', zrem = 'zset', lpush = 'list', sadd = 'set'}
+local checked = {}  -- key -> type found right in this call (a decision's writes create keys of that type only)
+local function expectOnce(key, kind)
+  if kind and checked[key] ~= kind then expect(key, kind); checked[key] = kind end
+end
+local function typed(guards, writes)
+  for _, g in ipairs(guards) do
+    expectOnce(g[2], guardTypes[g[1]])
+    if g[1] == 'lease_is' then expectOnce(g[3], 'zset') end
+  end
+  for _, w in ipairs(writes) do expectOnce(w[2], writeTypes[w[1]]) end
+end
 
 local function wellFormed(guards, writes)
   for _, g in ipairs(guards) do if not knownGuards[g[1]] then return false end end
@@ -56,10 +76,12 @@ local function holds(g)
   elseif op == 'hdel' or op == 'hexists' then
     return redis.call('HEXISTS', g[2], g[3]) == 1
   elseif op == 'zscore_le' then
-    -- Every score this guards is a time (a lease deadline, a queue time, a heartbeat) that no script sets to +inf:
-    -- such a score, set by hand, would never come due (snapshot.lua reports a +inf lease deadline as lapsed).
+    -- Every score this guards is a time (a lease deadline, a queue time, a heartbeat) that no script sets to +inf,
+    -- nor further ahead than `beyond`: such a score (a hand edit, a clock gone back) would never come due
+    -- (snapshot.lua reports such lease deadlines as lapsed and such heartbeats as silent).
     local score = tonumber(redis.call('ZSCORE', g[2], g[3]) or '')
-    return score ~= nil and (score <= tonumber(g[4]) or score == math.huge)
+    local beyond = tonumber(g[5]) or math.huge
+    return score ~= nil and (score <= tonumber(g[4]) or score > beyond or score == math.huge)
   end
   return false
 end
@@ -96,6 +118,7 @@ for i, decision in ipairs(decisions) do
       if not holds(g) then ok = false; break end
     end
     if ok then
+      typed(guards, writes)
       for _, g in ipairs(guards) do consume(g) end
       for _, w in ipairs(writes) do write(w) end
       results[i] = 1

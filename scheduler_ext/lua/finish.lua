@@ -44,6 +44,7 @@ Returns 1 if finished, 0 if the lease is gone or holds another token (counted as
 ]]
 --@include now
 --@include counter
+--@include types
 
 local leasesKey, leaseInfoKey, subtasksKey, reportsKey, runsKey = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local aggSiteNodeKey, aggTripleKey, aggIndexKey, nodeCountKey = KEYS[6], KEYS[7], KEYS[8], KEYS[9]
@@ -60,6 +61,15 @@ if nodeSeconds and (nodeSeconds ~= nodeSeconds or nodeSeconds < 0 or nodeSeconds
   nodeSeconds = nil  -- not a time: charge the run's seconds, as for a node that did not measure it
 end
 
+-- Every key this script reads or writes as a whole is checked for its type before anything is written (types.lua):
+-- a write that failed after the lease went lost the report (the node's retry found no lease: a stale finish). The
+-- counters (hincr) start over by themselves (counter.lua).
+for _, kk in ipairs({{leasesKey, 'zset'}, {leaseInfoKey, 'hash'}, {subtasksKey, 'hash'}, {reportsKey, 'list'},
+                     {runsKey, 'stream'}, {estSiteKey, 'hash'}, {estGroupKey, 'hash'}, {estDirtyKey, 'set'},
+                     {estGroupsKey, 'set'}, {aggIndexKey, 'set'}, {aggTriplesKey, 'set'}}) do
+  expect(kk[1], kk[2])
+end
+
 local raw = redis.call('HGET', leaseInfoKey, id)
 local decoded, lease = pcall(cjson.decode, raw or '')
 if not raw or not decoded or type(lease) ~= 'table' or lease.token ~= token then
@@ -68,8 +78,8 @@ if not raw or not decoded or type(lease) ~= 'table' or lease.token ~= token then
 end
 
 -- Everything that could fail on what another program wrote (the estimate entries: JSON that cjson reads but
--- cannot write back, a key of another type) is done first, before the first write: a script that fails half-way
--- keeps its writes, and one that failed after pushing the report froze the pair's estimates and skipped the rest.
+-- cannot write back) is done first, before the first write: a script that fails half-way keeps its writes, and one
+-- that failed after pushing the report froze the pair's estimates and skipped the rest.
 
 -- The moving estimates (recent runs weigh more): one hash per site and one per (product, site), a field per
 -- node, so that the control reads every node's figures for a site in one command.
@@ -141,15 +151,8 @@ local function encoded(e)
   end
   return cjson.encode(out)
 end
--- A key of another type (set by hand) holds nothing of ours: it reads as empty, and is replaced (as counter.lua's
--- hincr does) before the first write, so that no write can fail after the lease went (the report would be lost:
--- the node's retry finds no lease, a stale finish).
-local function ofType(key, kind)
-  local found = redis.call('TYPE', key).ok
-  return found == kind or found == 'none'
-end
 local function estimate(key, withCompletion)
-  local old = ofType(key, 'hash') and redis.call('HGET', key, node)
+  local old = redis.call('HGET', key, node)
   local okOld, e = pcall(cjson.decode, old or '')
   if old and okOld and type(e) == 'table' then e = known(e) else e = {} end
   e.runs = (tonumber(e.runs) or 0) + 1
@@ -162,10 +165,6 @@ local function estimate(key, withCompletion)
   return encoded(e)
 end
 local siteEntry, groupEntry = estimate(estSiteKey, true), estimate(estGroupKey, false)
-for _, kk in ipairs({{runsKey, 'stream'}, {reportsKey, 'list'}, {estSiteKey, 'hash'}, {estGroupKey, 'hash'},
-                     {estDirtyKey, 'set'}, {estGroupsKey, 'set'}, {aggIndexKey, 'set'}, {aggTriplesKey, 'set'}}) do
-  if not ofType(kk[1], kk[2]) then redis.call('DEL', kk[1]) end
-end
 
 redis.call('ZREM', leasesKey, id)
 redis.call('HDEL', leaseInfoKey, id)

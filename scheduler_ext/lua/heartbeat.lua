@@ -14,9 +14,12 @@ heartbeat: register a node and renew the leases it still holds.
 Returns the ids whose lease is gone or holds another token (recalled: the node stops working on them).
 ]]
 --@include now
+--@include types
 
 local nodesKey, nodeSeenKey, leasesKey, leaseInfoKey = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local node, nodeJson, leaseTtl = ARGV[1], ARGV[2], tonumber(ARGV[3])
+
+expect(nodesKey, 'hash'); expect(nodeSeenKey, 'zset'); expect(leasesKey, 'zset'); expect(leaseInfoKey, 'hash')
 
 redis.call('HSET', nodesKey, node, nodeJson)
 redis.call('ZADD', nodeSeenKey, now, node)

@@ -16,11 +16,15 @@ on close it first leaves the registry, in the same step, so no allocation can re
   ARGV[3..] id, token, priority triples of the leases it holds
 
 Returns how many subtasks went back to waiting. Crawl-queue entries that cannot be read stay, in order, for a
-node's take script to move to `failed` with the reason.
+node's take script to move to `failed` with the reason. Every key is checked for its type before the first write
+(types.lua): a `waiting` of another type failed the script after it had popped the crawl queue.
 ]]
+--@include types
 
 local leasesKey, leaseInfoKey, subtasksKey, waitingKey, crawlKey, queuedKey, nodesKey, seenKey =
   KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8]
+
+for i, kind in ipairs({'zset', 'hash', 'hash', 'zset', 'list', 'zset', 'hash', 'zset'}) do expect(KEYS[i], kind) end
 
 -- An allocation is guarded by the node's registry entry (commit.lua `hexists`), so once the entry is gone
 -- nothing more lands in the crawl queue drained below.

@@ -19,15 +19,20 @@ Returns {subtask json, token, started} or nil (nothing readable in the first max
 An entry that is not a JSON object of schema 1 with a string id and a finite time limit > 0 is moved to `failed` as a
 malformed entry with the reason (the Python side validates the rest). Finite, and checked before any write: cjson
 reads 1e999 as infinity, and the lease JSON could not hold it (cjson refuses to encode it, which once failed the
-script after the RPOP and the ZADD: the entry vanished).
+script after the RPOP and the ZADD: the entry vanished). Every key it writes is checked for its type first
+(types.lua): a `leases` of another type once failed the script after the RPOP too.
 ]]
 --@include now
 --@include counter
+--@include types
 
 local crawlKey, leasesKey, leaseInfoKey, subtasksKey = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local failedKey, queuedKey, seqKey, countersKey = KEYS[5], KEYS[6], KEYS[7], KEYS[8]
 local node, maxLook = ARGV[1], tonumber(ARGV[2])
 local leaseTtl, grace = tonumber(ARGV[3]), tonumber(ARGV[4])
+
+expect(crawlKey, 'list'); expect(leasesKey, 'zset'); expect(leaseInfoKey, 'hash'); expect(subtasksKey, 'hash')
+expect(failedKey, 'list'); expect(queuedKey, 'zset')
 
 for _ = 1, maxLook do
   local raw = redis.call('RPOP', crawlKey)
