@@ -923,10 +923,17 @@ class _Decider:
         if st.node is None:
             return Decision("drop", [Guard.zscore_le(k.queued, sid, self.now - self.strat.recall_age)],
                             [Write.zrem(k.queued, sid)], sid)
-        assert raw is not None
         reason = f"not taken by {st.node} within {self.strat.recall_age:.0f} s"
-        return self._recall("recall", [Guard.lrem(k.crawl(st.node), raw)], st, st.node, reason, failed=False,
+        assert raw is not None
+        return self._recall("recall", [self._queued_entry(sid, st.node, raw)], st, st.node, reason, failed=False,
                             extra=[Write.zrem(k.queued, sid)])
+
+    def _queued_entry(self, sid: str, node: str, raw: str) -> Guard:
+        """The guard of a stale entry's recall: the entry is still in its node's crawl queue (and is taken out), or
+        it is gone from there but still queued since before the recall age. A take removes the queued member in the
+        same step, so the second can only be an entry lost by hand (a ``DEL``, a key set aside for its type): with
+        the first alone its subtask stayed queued, and its task open, for ever."""
+        return Guard.lrem_or_lost(self.k.crawl(node), raw, self.k.queued, sid, self.now - self.strat.recall_age)
 
     def _dead_stale(self, exc: BaseException, sid: str, raw: str | None) -> Decision:
         k = self.k
@@ -935,7 +942,7 @@ class _Decider:
         writes = [self._dead_write(sid, kind="subtask", reason=f"recall failed: {_reason(exc)}",
                                    attempts=st.attempt, last_node=st.node, subtask=json.loads(st.to_json())),
                   Write.zrem(k.queued, sid), Write.hdel(k.subtasks, sid), *self._closed(st)]
-        return Decision("dead", [Guard.lrem(k.crawl(st.node), raw)], writes, subject=sid, dead=1)
+        return Decision("dead", [self._queued_entry(sid, st.node, raw)], writes, subject=sid, dead=1)
 
     def _silent(self, silent: SilentNode) -> None:
         k, node = self.k, silent.node

@@ -54,15 +54,17 @@ def raw(redis_url: str) -> redis_lib.Redis:
 
 
 def run_valid_task(store: Store, control: Any, node: str = "n1", ticks: int = 30,
-                   tick: Callable[[], Any] | None = None) -> None:
+                   tick: Callable[[], Any] | None = None, name: str | None = None) -> None:
     """Push the valid virtual task, then tick (``control.tick``, unless ``tick`` says how) and play the node until
-    its task is done."""
-    store.redis.lpush(store.keys.virtual, json.dumps(VALID, ensure_ascii=False))
+    its task is done; with ``name``, push nothing and play until the task of that product is done."""
+    if name is None:
+        store.redis.lpush(store.keys.virtual, json.dumps(VALID, ensure_ascii=False))
+    name = name or VALID["name"]
     k = store.keys
     for _ in range(ticks):
         store.heartbeat(node, NODE_INFO, 30, [])
         (tick or control.tick)()
-        if store.redis.hget(k.progress, f"{VALID['name']}|done") == "1":
+        if store.redis.hget(k.progress, f"{name}|done") == "1":
             return
         got = store.take(node, lease_ttl=30, grace=5)
         if got is None:
@@ -73,7 +75,7 @@ def run_valid_task(store: Store, control: Any, node: str = "n1", ticks: int = 30
                         total_pages=1, started=got[2], ended=got[2] + 1)
         store.finish(st.id, got[1], report.to_json(), node=node, site=st.site, group=st.group, offered=10,
                      collected=10, pages=st.page_limit, seconds=1.0, ok=True, alpha=0.3, runs_maxlen=100)
-    raise AssertionError(f"the valid task behind the bad entry did not complete in {ticks} ticks")
+    raise AssertionError(f"the task of {name} did not complete in {ticks} ticks")
 
 
 def dead(store: Store) -> list[dict[str, Any]]:
@@ -903,7 +905,8 @@ def test_resign_leaves_a_leader_key_of_another_type_alone(store: Store, raw: red
 SPOILED = {"sleeping": "string", "waiting": "hash", "tasks": "string", "subtasks": "list", "leases": "hash",
            "lease_info": "string", "queued": "string", "failed": "hash", "virtual": "string", "dead": "list",
            "nodes": "string", "node_seen": "hash", "crawl:n1": "string", "est:site:ok.example": "string"}
-#: The keys that held the first task's state when the hand edit overwrote them: that task cannot end.
+#: The keys that held the first task's state when the hand edit overwrote them: that task cannot end in the ticks
+#: of the test (`tasks`: never; `crawl:n1`: once its entry is stale, test_a_crawl_queue_entry_lost_by_hand_...).
 HELD = {"tasks", "crawl:n1"}
 
 
@@ -980,3 +983,29 @@ def test_a_node_operation_that_meets_a_key_of_another_type_sets_it_aside_and_los
         assert store.redis.zrange(k.waiting, 0, -1) == ["s1"] and store.redis.hexists(k.subtasks, "s1")
     [aside] = store.redis.scan_iter(match=f"{k.prefix}:garbage:{name}:*")
     assert raw.get(aside) == b"x" and store.redis.hget(k.counters, "garbage_keys") == "1"
+
+
+@pytest.mark.parametrize("how", ["deleted", "set aside"])
+def test_a_crawl_queue_entry_lost_by_hand_is_recalled_once_stale(store: Store, raw: redis_lib.Redis,
+                                                                  how: str) -> None:
+    """An entry gone from its crawl queue without being taken (a hand ``DEL``; a crawl queue a hand ``SET`` made a
+    string, set aside by the node's next take) left its subtask queued and its task open for ever: the stale
+    recall's guard wanted the entry in the list. It is recalled once stale, like an entry nobody took, and the task
+    ends. A take removes the queued entry in the same step, so an entry that was taken is never recalled so."""
+    k = store.keys
+    control = make_control(store, allocation=DynamicAllocation())
+    lost = {"name": "lost", "sites": ["lost.example"]}
+    store.heartbeat("n1", NODE_INFO, 30, [])
+    store.redis.lpush(k.virtual, json.dumps(lost))
+    control.tick()
+    [sid] = store.redis.zrange(k.queued, 0, -1)
+    if how == "deleted":
+        raw.delete(k.crawl("n1"))
+    else:
+        spoil(raw, k.crawl("n1"), "string")
+        assert store.take("n1", lease_ttl=30, grace=5) is None  # sets the string aside; the queue is empty
+    control.tick()
+    assert store.redis.zscore(k.queued, sid) is not None  # not stale yet: left alone
+    store.redis.zadd(k.queued, {sid: 1.0})  # queued long ago
+    run_valid_task(store, control, node="n2", name="lost")  # (a recalled subtask avoids the node it was on)
+    assert store.redis.zcard(k.queued) == 0 and store.redis.hlen(k.subtasks) == 0

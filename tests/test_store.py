@@ -13,7 +13,7 @@ import redis as redis_lib
 
 from scheduler_ext.keys import Keys
 from scheduler_ext.models import Report, Subtask
-from scheduler_ext.store import Store
+from scheduler_ext.store import Guard, Store, Write
 
 
 @pytest.fixture
@@ -547,6 +547,22 @@ def test_commit_applies_everything_when_all_guards_hold(store: Store) -> None:
     assert r.zscore(k.waiting, "w2") == 4.0 and r.zscore(k.queued, "q1") is None
     assert r.lrange(k.failed, 0, -1) == ["f1"] and r.hget(k.counters, "c") == "2"
     assert not r.exists(k.seq) and r.smembers(k.agg_index) == {"p1"}
+
+
+def test_a_queued_entry_is_recalled_from_its_list_or_once_lost_never_once_taken(store: Store) -> None:
+    """``lrem_or_lost``: the entry is in its crawl queue (taken out), or gone from it while its id is still queued
+    since before the cutoff (lost by hand). A take removes the queued id in the same step, so a taken entry, or one
+    queued after the cutoff, holds neither."""
+    k, r = store.keys, store.redis
+    guard = Guard.lrem_or_lost(k.crawl("n1"), "e1", k.queued, "s1", 10.0)
+    r.lpush(k.crawl("n1"), "e1")
+    r.zadd(k.queued, {"s1": 20.0})  # in the list: holds whatever the queued time
+    assert store.commit([guard], [Write.zrem(k.queued, "s1")]) is True and r.llen(k.crawl("n1")) == 0
+    assert store.commit([guard], []) is False  # gone from the list, and no longer queued (as after a take)
+    r.zadd(k.queued, {"s1": 20.0})
+    assert store.commit([guard], []) is False  # gone, but queued after the cutoff
+    r.zadd(k.queued, {"s1": 5.0})
+    assert store.commit([guard], [Write.zrem(k.queued, "s1")]) is True and r.zcard(k.queued) == 0  # lost
 
 
 def test_commit_without_guards_applies(store: Store) -> None:

@@ -14,6 +14,10 @@ ones after it. Decisions are applied in order, so a later one sees what an earli
       ["lease_is", lease_info, leases, id, token]   the lease of id has this token; lease and deadline go
       ["zrem", zset, member]                        member is in the sorted set; it is removed
       ["lrem", list, value]                         value is in the list; one occurrence is removed
+      ["lrem_or_lost", list, value, zset, member, x]
+                                                    as lrem, or: value is not in the list and member's score in
+                                                    zset is <= x (a queued entry gone from its crawl queue without
+                                                    being taken, which removes member: a hand edit lost it)
       ["zscore_le", zset, member, x(, beyond)]      member's score is <= x, or > beyond (default: +inf only;
                                                     checked, nothing removed): a time further ahead than any
                                                     script writes (a hand edit, a clock gone back) never comes
@@ -32,13 +36,15 @@ before that decision changes anything (types.lua); the decisions before it stay 
 
 local decisions = cjson.decode(ARGV[1])
 
-local knownGuards = {tail_is = 1, tail_sha1_is = 1, lease_is = 1, zrem = 1, lrem = 1, zscore_le = 1, hdel = 1, hexists = 1}
+local knownGuards = {tail_is = 1, tail_sha1_is = 1, lease_is = 1, zrem = 1, lrem = 1, lrem_or_lost = 1, zscore_le = 1,
+                     hdel = 1, hexists = 1}
 local knownWrites = {hset = 1, hdel = 1, zadd = 1, zrem = 1, lpush = 1, hincrby = 1, del = 1, sadd = 1}
 
--- The type each guard and write uses its key as; lease_is also uses its third element, a zset. Not checked: 'del'
--- (any type), 'hincrby' (a counter of another type starts over by itself: counter.lua).
+-- The type each guard and write uses its key as; lease_is also uses its third element, a zset, and lrem_or_lost
+-- its fourth. Not checked: 'del' (any type), 'hincrby' (a counter of another type starts over by itself:
+-- counter.lua).
 local guardTypes = {tail_is = 'list', tail_sha1_is = 'list', lease_is = 'hash', zrem = 'zset', lrem = 'list',
-                    zscore_le = 'zset', hdel = 'hash', hexists = 'hash'}
+                    lrem_or_lost = 'list', zscore_le = 'zset', hdel = 'hash', hexists = 'hash'}
 local writeTypes = {hset = 'hash', hdel = 'hash', zadd = 'zset', zrem = 'zset', lpush = 'list', sadd = 'set'}
 local checked = {}  -- key -> type found right in this call (a decision's writes create keys of that type only)
 local function expectOnce(key, kind)
@@ -47,7 +53,7 @@ end
 local function typed(guards, writes)
   for _, g in ipairs(guards) do
     expectOnce(g[2], guardTypes[g[1]])
-    if g[1] == 'lease_is' then expectOnce(g[3], 'zset') end
+    if g[1] == 'lease_is' then expectOnce(g[3], 'zset') elseif g[1] == 'lrem_or_lost' then expectOnce(g[4], 'zset') end
   end
   for _, w in ipairs(writes) do expectOnce(w[2], writeTypes[w[1]]) end
 end
@@ -73,6 +79,10 @@ local function holds(g)
     return redis.call('ZSCORE', g[2], g[3]) ~= false
   elseif op == 'lrem' then
     return redis.call('LPOS', g[2], g[3]) ~= false
+  elseif op == 'lrem_or_lost' then
+    if redis.call('LPOS', g[2], g[3]) ~= false then return true end
+    local score = tonumber(redis.call('ZSCORE', g[4], g[5]) or '')
+    return score ~= nil and score <= tonumber(g[6])
   elseif op == 'hdel' or op == 'hexists' then
     return redis.call('HEXISTS', g[2], g[3]) == 1
   elseif op == 'zscore_le' then
@@ -91,7 +101,7 @@ local function consume(g)
   if op == 'tail_is' or op == 'tail_sha1_is' then redis.call('RPOP', g[2])
   elseif op == 'lease_is' then redis.call('HDEL', g[2], g[4]); redis.call('ZREM', g[3], g[4])
   elseif op == 'zrem' then redis.call('ZREM', g[2], g[3])
-  elseif op == 'lrem' then redis.call('LREM', g[2], 1, g[3])
+  elseif op == 'lrem' or op == 'lrem_or_lost' then redis.call('LREM', g[2], 1, g[3])
   elseif op == 'hdel' then redis.call('HDEL', g[2], g[3]) end
 end
 
