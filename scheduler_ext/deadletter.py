@@ -10,6 +10,10 @@ Entries that hold a subtask, and entries of ``virtual``, ``sleeping`` and ``fail
 Every requeue and drop writes an audit record (``{v, at, actor, action, id, kind, to, entry}``) to the ``audit``
 list in the same atomic commit as the change itself, so an action is applied and audited together, once. The list
 is newest first and trimmed to ``SCHEDEXT_AUDIT_MAXLEN`` records (docs/redis-keys.md).
+
+Dropping a ``report`` or ``failure`` also counts its subtask out of its task (the ``tasks`` record: ``open``, and
+``done`` if that was the last of it), in the same transaction: the control left it counted in, since requeued whole
+it counts itself out (docs/control.md, "Decide"). Every other kind was counted out when it was dead-lettered.
 """
 
 from __future__ import annotations
@@ -22,7 +26,8 @@ from typing import Any
 from .control import shown
 from .defaults import DEFAULTS
 from .exceptions import InvalidInput
-from .models import Subtask
+from .keys import Keys
+from .models import Subtask, Task, loads_object
 from .store import Guard, Store, Write
 
 AUDIT_MAXLEN: int = DEFAULTS["SCHEDEXT_AUDIT_MAXLEN"]
@@ -56,8 +61,9 @@ def _at(entry: dict[str, Any]) -> float:
     return float(at) if isinstance(at, (int, float)) and not isinstance(at, bool) else 0.0
 
 
-def _entry(store: Store, entry_id: str) -> tuple[str, dict[str, Any]]:
-    raw = store.redis.hget(store.keys.dead, entry_id)
+def _entry(client: Any, keys: Keys, entry_id: str) -> tuple[str, dict[str, Any]]:
+    """The entry ``entry_id`` as stored and decoded, read with ``client`` (the store's, or a watching pipeline)."""
+    raw = client.hget(keys.dead, entry_id)
     if raw is None:
         raise UnknownEntry(f"no dead-letter entry with id {entry_id!r} (see `scrapy deadletter list`)")
     return raw, _decode(entry_id, raw)
@@ -89,14 +95,17 @@ def _as_text(value: Any) -> Any:
     return value
 
 
-def _audited(store: Store, entry_id: str, entry: dict[str, Any], guard: list[Any], writes: list[Any], *,
-             action: str, actor: str, to: str | None, maxlen: int) -> None:
-    """Commit ``writes`` under ``guard`` together with the audit record of the action; trim the audit list."""
+def _audit(store: Store, entry_id: str, entry: dict[str, Any], *, action: str, actor: str,
+           to: str | None) -> Write:
+    """The write that records the action in the audit list, to be committed with the action itself."""
     record = {"v": 1, "at": store.now(), "actor": actor, "action": action, "id": entry_id,
               "kind": entry.get("kind"), "to": to, "entry": entry}
-    record = _as_text(record)
-    writes = [*writes, Write.lpush(store.keys.audit, json.dumps(record, ensure_ascii=False, sort_keys=True))]
-    if not store.commit(guard, writes):
+    return Write.lpush(store.keys.audit, json.dumps(_as_text(record), ensure_ascii=False, sort_keys=True))
+
+
+def _applied(store: Store, entry_id: str, applied: Any, maxlen: int) -> None:
+    """Raise UnknownEntry unless the action's commit was applied; trim the audit list."""
+    if not applied:
         raise UnknownEntry(f"dead-letter entry {entry_id!r} was removed meanwhile")
     # Trimming apart from the commit is harmless: it only ever drops the oldest records.
     store.redis.ltrim(store.keys.audit, 0, max(1, maxlen) - 1)
@@ -106,7 +115,7 @@ def requeue(store: Store, entry_id: str, actor: str = "unknown", maxlen: int = A
     """Send an entry back: a subtask to ``waiting`` with a fresh attempt count, a virtual task to ``virtual``, a
     whole report or failure to the list it came from. ``actor`` names who asked, for the audit record."""
     k = store.keys
-    _, entry = _entry(store, entry_id)
+    _, entry = _entry(store.redis, k, entry_id)
     guard = [Guard.hdel(k.dead, entry_id)]
     if isinstance(entry.get("subtask"), dict):
         st = Subtask.from_dict(entry["subtask"], f"dead-letter entry {entry_id}")
@@ -121,12 +130,57 @@ def requeue(store: Store, entry_id: str, actor: str = "unknown", maxlen: int = A
     else:
         raise InvalidInput(f"dead-letter entry {entry_id!r} ({entry.get('kind')}) holds no subtask or virtual "
                            "task, nor any whole entry, to requeue; inspect it and drop it")
-    _audited(store, entry_id, entry, guard, writes, action="requeue", actor=actor, to=where, maxlen=maxlen)
+    audit = _audit(store, entry_id, entry, action="requeue", actor=actor, to=where)
+    _applied(store, entry_id, store.commit(guard, [*writes, audit]), maxlen)
     return where
 
 
 def drop(store: Store, entry_id: str, actor: str = "unknown", maxlen: int = AUDIT_MAXLEN) -> None:
-    """Delete an entry for good; ``actor`` names who asked, for the audit record."""
-    _, entry = _entry(store, entry_id)
-    _audited(store, entry_id, entry, [Guard.hdel(store.keys.dead, entry_id)],
-             [Write.hincrby(store.keys.counters, "dropped")], action="drop", actor=actor, to=None, maxlen=maxlen)
+    """Delete an entry for good, counting the subtask of a report or failure out of its task (:func:`_counted_out`);
+    ``actor`` names who asked, for the audit record.
+
+    The task record is read and written in one transaction that watches it (and the dead-letter list): a change by
+    anyone else in between makes the transaction read again, so a count is never written over a newer record. The
+    entry's removal guards the commit, so an entry is counted out once however many people drop it at once."""
+    k = store.keys
+
+    def apply(pipe: Any) -> None:
+        _, entry = _entry(pipe, k, entry_id)
+        writes = [Write.hincrby(k.counters, "dropped"), *_counted_out(pipe, k, entry),
+                  _audit(store, entry_id, entry, action="drop", actor=actor, to=None)]
+        pipe.multi()
+        store.commit([Guard.hdel(k.dead, entry_id)], writes, pipe=pipe)
+
+    [codes] = store.redis.transaction(apply, k.dead, k.tasks)
+    _applied(store, entry_id, codes[0], maxlen)
+
+
+def _counted_out(client: Any, keys: Keys, entry: dict[str, Any]) -> list[Write]:
+    """Writes that count the subtask of a dropped report out of its task, as the control counts out a subtask it
+    dead-letters (``open`` and, for a recalled one, ``retrying`` down by one; the task done if nothing of it is out
+    and every page was given), read with ``client``.
+
+    A report is the ``raw`` of a ``report`` or ``failure`` entry, or of a ``malformed`` one that is a failure report
+    the control could not read, kept whole and holding a readable ``subtask``: the control counts none of them out.
+    Every other entry was counted out when it was dead-lettered (``subtask``, ``lease``, a silent node's crawl-queue
+    entry: a subtask, not a report), or holds no subtask (``virtual``, ``waiting``, the take script's records). None
+    either for a task with no readable record, or one that ended."""
+    raw = entry.get("raw")
+    if entry.get("kind") not in ("report", "failure", "malformed") or entry.get("cut") or not isinstance(raw, str):
+        return []
+    try:  # the report itself may be what was wrong (that is why most are here): its subtask is enough
+        sub = loads_object(raw, "report").get("subtask")
+        st = Subtask.from_dict(sub if isinstance(sub, dict) else {}, "report.subtask")
+        raw_task = client.hget(keys.tasks, st.task)
+        task = None if raw_task is None else Task.from_json(raw_task)
+    except InvalidInput:
+        return []
+    if task is None or task.done:
+        return []
+    task = replace(task, open=max(0, task.open - 1),
+                   retrying=max(0, task.retrying - 1) if st.attempt else task.retrying)
+    writes: list[Write] = []
+    if not task.open and task.total_pages is not None and task.next_page >= task.total_pages:
+        task.done = True
+        writes = [Write.hincrby(keys.progress, f"{task.group}|done"), Write.hincrby(keys.counters, "tasks_done")]
+    return [*writes, Write.hset(keys.tasks, st.task, task.to_json())]

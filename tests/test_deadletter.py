@@ -7,14 +7,16 @@ from typing import Any
 
 import pytest
 import redis as redis_lib
+from test_control import NODE_INFO, finish_at, make_control, take  # noqa: I001  (tests/ is on the path)
 
 from scheduler_ext import deadletter
 from scheduler_ext.deadletter import UnknownEntry
 from scheduler_ext.exceptions import InvalidInput
 from scheduler_ext.keys import Keys
-from scheduler_ext.models import Report, Subtask
+from scheduler_ext.models import Report, Subtask, Task
 from scheduler_ext.status import NODE_COUNTS, collect_status
 from scheduler_ext.store import Store
+from scheduler_ext.strategies.recall import DynamicRecall
 
 
 @pytest.fixture
@@ -182,6 +184,80 @@ def test_an_unreadable_entry_is_listed_and_can_be_dropped(store: Store) -> None:
         deadletter.requeue(store, "bad")
     deadletter.drop(store, "bad")
     assert store.redis.hkeys(store.keys.dead) == ["s1"]
+
+
+class _RaisingRecall(DynamicRecall):
+    def decide(self, subtask: Subtask, node: str | None, reason: str, *, failed: bool) -> Any:
+        raise RuntimeError("a recall plug-in's bug")
+
+
+@pytest.mark.parametrize("kind", ["report", "failure", "malformed"])
+def test_drop_of_a_dead_lettered_report_counts_its_subtask_out_and_its_task_ends(store: Store, kind: str) -> None:
+    """The control leaves the subtask of a dead-lettered report, failure or unreadable failure report counted in
+    its task (requeued whole, it counts itself out); dropped, it is counted out by the drop, and the task ends."""
+    k = store.keys
+    store.redis.lpush(k.virtual, json.dumps({"name": "p", "sites": ["a.com"]}))
+    store.heartbeat("n1", NODE_INFO, 30, [])
+    control = make_control(store)
+    control.tick()
+    st, token, _ = take(store, "n1")
+    assert finish_at(store, "n1", st, token, 3, total=6)  # pages 0-2 of 6: the task's last slice is 3-5
+    control.tick()
+    last, token, _ = take(store, "n1")
+    if kind == "failure":  # the recall strategy raises on the failed run
+        assert finish_at(store, "n1", last, token, 3, ok=False, total=6)
+        control = make_control(store, recall=_RaisingRecall(threshold=30, max_recalls=3))
+    else:  # a report no one can read: a negative count, from a node's bug
+        bad = json.loads(Report(subtask=last, node="n1", outcome="done" if kind == "report" else "failed",
+                                collected=-1, pages=3, next_page=6, total_pages=6).to_json())
+        assert store.finish(last.id, token, json.dumps(bad), node="n1", site="a.com", group="p", offered=30,
+                            collected=0, pages=3, seconds=1.0, ok=kind == "report", alpha=0.3, runs_maxlen=100)
+    control.tick()
+    [entry] = deadletter.list_entries(store)
+    assert entry["kind"] == kind
+    task = Task.from_json(store.redis.hget(k.tasks, last.task))
+    assert (task.open, task.done, task.next_page, task.total_pages) == (1, False, 6, 6)
+
+    deadletter.drop(store, entry["id"])
+    task = Task.from_json(store.redis.hget(k.tasks, last.task))
+    assert (task.open, task.done) == (0, True)
+    assert store.redis.hget(k.progress, "p|done") == "1" and store.redis.hget(k.counters, "tasks_done") == "1"
+    control.tick()  # nothing of the task is made again
+    assert Task.from_json(store.redis.hget(k.tasks, last.task)) == task
+    assert not store.redis.exists(k.waiting) and not store.redis.exists(k.crawl("n1"))
+
+
+def test_drop_counts_a_subtask_out_once_and_only_where_the_control_did_not(store: Store) -> None:
+    """A subtask dead-lettered by a recall was counted out by the control: its drop changes nothing of the task. A
+    report's is counted out by its drop, once: dropped again, the entry is gone and nothing is counted. A report
+    cut in its dead letter, one whose subtask does not read, or whose task has no readable record is dropped all
+    the same, counting nothing."""
+    k = store.keys
+    store.redis.hset(k.tasks, "t1", Task(id="t1", site="a.com", group="milk", open=2, retrying=1, next_page=20,
+                                         total_pages=20).to_json())
+    store.redis.hset(k.tasks, "t2", "not json")
+    _subtask_entry(store, "s1")  # a subtask of t1 (attempt 4) that reached the recall maximum
+    report = Report(subtask=sub("s2"), node="n1", outcome="failed", reason="HTTP 503").to_json()
+    add(store, "f7", kind="failure", reason="x", attempts=0, at=1.0, raw=report, source=k.failed)
+    add(store, "r1", kind="report", at=1.0, raw=report[:50], cut=True)
+    add(store, "r2", kind="report", at=1.0, raw=json.dumps({"subtask": {"id": "s2", "task": "t1"}}))
+    add(store, "r3", kind="report", at=1.0, raw=Report(subtask=sub("s3", task="t2"), node="n1",
+                                                        outcome="done").to_json())
+    add(store, "r4", kind="report", at=1.0, raw=Report(subtask=sub("s4", task="gone"), node="n1",
+                                                        outcome="done").to_json())
+
+    for entry_id in ("s1", "r1", "r2", "r3", "r4"):
+        deadletter.drop(store, entry_id)
+    assert Task.from_json(store.redis.hget(k.tasks, "t1")).open == 2
+    deadletter.drop(store, "f7")
+    task = Task.from_json(store.redis.hget(k.tasks, "t1"))
+    assert (task.open, task.retrying, task.done) == (1, 0, False)  # a recalled subtask (attempt 4): retrying too
+    with pytest.raises(UnknownEntry, match="'f7'"):
+        deadletter.drop(store, "f7")
+    assert Task.from_json(store.redis.hget(k.tasks, "t1")) == task
+    assert store.redis.hget(k.tasks, "t2") == "not json" and not store.redis.hexists(k.tasks, "gone")
+    assert not store.redis.exists(k.dead) and store.redis.hget(k.counters, "dropped") == "6"
+    assert not store.redis.hexists(k.counters, "tasks_done")
 
 
 # --- status -------------------------------------------------------------------------------------------------
