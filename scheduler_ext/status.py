@@ -35,6 +35,23 @@ def _num(value: Any, kind: type = float) -> Any:
     return kind(number) if math.isfinite(number) else None
 
 
+def finite(value: Any) -> Any:
+    """``value`` (decoded JSON) with every number that is not finite (read from an entry written by hand: 1e999,
+    NaN) as None: Python writes them as ``Infinity`` and ``NaN``, which neither jq nor a browser's ``JSON.parse``
+    reads. What ``scrapy status --json``, ``scrapy deadletter list --json`` and the dashboard's API write.
+
+    >>> finite({"at": float("inf"), "n": [1, float("nan")]})
+    {'at': None, 'n': [1, None]}
+    """
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [finite(v) for v in value]
+    return value
+
+
 def _pace(est: dict[str, Any]) -> float | None:
     """Pages attempted per second of node time in a pair's sums (the bandit's pace, before its prior): what the
     bandit's allocation ranks the pair by, with the served share; None if the entry has no sums or no pace yet."""

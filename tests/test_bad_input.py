@@ -681,6 +681,32 @@ def test_numbers_past_any_float_reach_the_dashboard_as_json_a_browser_reads(stor
     assert served["entries"][0]["at"] is None and served["failures"][0]["offered"] is None
 
 
+def test_numbers_past_any_float_reach_status_and_deadletter_json_as_null(store: Store, raw: redis_lib.Redis,
+                                                                         scrapy_env: dict[str, str]) -> None:
+    """A node registry entry or a dead letter written by hand with 1e999 or NaN: ``scrapy status --json`` and
+    ``scrapy deadletter list --json`` write null, as the dashboard does; Python would write Infinity and NaN, which
+    jq and browsers refuse."""
+    from conftest import run_scrapy
+
+    k = store.keys
+    raw.hset(k.nodes, "n1", b'{"type": [0], "pid": 1e999, "host": NaN, "subtasks": [-1e999]}')
+    raw.zadd(k.node_seen, {"n1": 1})
+    raw.hset(k.dead, "d1", b'{"id": "d1", "kind": "virtual", "at": 1e999, "attempts": NaN, "raw": "x"}')
+
+    def strict(constant: str) -> Any:
+        raise AssertionError(f"{constant} is not JSON")
+
+    opts = ["-s", f"SCHEDEXT_PREFIX={k.prefix}"]
+    done = run_scrapy(["status", "--json", *opts], scrapy_env)
+    assert done.returncode == 0, done.stderr
+    [node] = json.loads(done.stdout, parse_constant=strict)["nodes"]
+    assert (node["pid"], node["host"], node["subtasks"]) == (None, None, [None])
+    done = run_scrapy(["deadletter", "list", "--json", *opts], scrapy_env)
+    assert done.returncode == 0, done.stderr
+    entry = json.loads(done.stdout, parse_constant=strict)
+    assert (entry["id"], entry["at"], entry["attempts"]) == ("d1", None, None)
+
+
 @pytest.mark.parametrize("t", [b'"soon"', b"[1]", b"null", b"true", b"1e999"])
 def test_history_sample_whose_time_is_no_number_is_skipped(store: Store, raw: redis_lib.Redis, t: bytes) -> None:
     from scheduler_ext.history import History

@@ -13,6 +13,7 @@ from scrapy.exceptions import UsageError
 from product_crawl.commands._base import open_store, write_error, write_line
 from scheduler_ext import deadletter
 from scheduler_ext.exceptions import InvalidInput
+from scheduler_ext.status import finite
 from scheduler_ext.store import Store
 
 
@@ -57,7 +58,7 @@ class Command(ScrapyCommand):
         entries = deadletter.list_entries(store)
         for e in entries:
             if as_json:
-                write_line(json.dumps(e, ensure_ascii=False, sort_keys=True))
+                write_line(json.dumps(finite(e), ensure_ascii=False, sort_keys=True))
             else:
                 write_line(f"{e.get('id')!s:>8}  {e.get('kind', '?')!s:9} attempts={e.get('attempts', 0)} "
                            f"last_node={e.get('last_node') or '-'}  {e.get('reason', '')}")

@@ -12,7 +12,7 @@ from scrapy.commands import ScrapyCommand
 
 from product_crawl.commands._base import OutputClosed, open_store, seconds, write_line
 from scheduler_ext.config import Config
-from scheduler_ext.status import collect_status
+from scheduler_ext.status import collect_status, finite
 
 
 def _fmt(value: float | None, digits: int = 2) -> str:
@@ -106,7 +106,7 @@ class Command(ScrapyCommand):
             while True:
                 status = collect_status(store, threshold)
                 if opts.json:
-                    write_line(json.dumps(status, ensure_ascii=False, sort_keys=True))
+                    write_line(json.dumps(finite(status), ensure_ascii=False, sort_keys=True))
                 else:
                     if opts.watch:
                         write_line("\x1b[2J\x1b[H" + time.strftime("%H:%M:%S"))

@@ -28,7 +28,6 @@ from __future__ import annotations
 import ipaddress
 import json
 import logging
-import math
 import select
 import subprocess
 import sys
@@ -51,6 +50,7 @@ from product_crawl.dashboard.data import EXPORT_FORMATS, DashboardData, DataUnav
 from product_crawl.services import stop_pid
 from scheduler_ext.deadletter import UnknownEntry
 from scheduler_ext.exceptions import InvalidInput
+from scheduler_ext.status import finite
 
 logger = logging.getLogger(__name__)
 
@@ -116,23 +116,7 @@ def _json(request: Request, status: int, body: Any) -> bytes:
     request.setHeader(b"Content-Type", b"application/json; charset=utf-8")
     # Text read from Redis that was not UTF-8 holds lone surrogates (surrogateescape): backslashreplace writes them
     # as \udcXX, a valid escape inside a JSON string, rather than failing the response (and the page with it).
-    return json.dumps(_finite(body), ensure_ascii=False, sort_keys=True).encode("utf-8", "backslashreplace")
-
-
-def _finite(value: Any) -> Any:
-    """``value`` with every number that is not finite (read from an entry written by hand: 1e999, NaN) as None:
-    Python writes them as ``Infinity`` and ``NaN``, which no browser's ``JSON.parse`` reads.
-
-    >>> _finite({"at": float("inf"), "n": [1, float("nan")]})
-    {'at': None, 'n': [1, None]}
-    """
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, dict):
-        return {k: _finite(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_finite(v) for v in value]
-    return value
+    return json.dumps(finite(body), ensure_ascii=False, sort_keys=True).encode("utf-8", "backslashreplace")
 
 
 @implementer(IPushProducer)
