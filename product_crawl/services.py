@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import re
 import secrets
 import shutil
 import signal
@@ -175,13 +176,37 @@ def checked(value: Any, convert: Callable[[str], Any], ok: Callable[[Any], bool]
     return out
 
 
+_WHOLE = re.compile(r"-?[0-9]+")
+
+
+def whole_number(text: str) -> int | None:
+    """``text`` as an integer if it is ASCII digits (a leading minus allowed), else None: how :func:`checked` reads
+    every integer option. ``int`` alone also reads the digits of other scripts (``'١'``, full-width ``'１'``),
+    ``'1_000'`` and ``'+5'``; ``str.isdigit`` also takes ``'²'``, which ``int`` refuses.
+
+    >>> whole_number("42"), whole_number("-1"), whole_number("١"), whole_number("１"), whole_number("1_0")
+    (42, -1, None, None, None)
+    """
+    return int(text) if _WHOLE.fullmatch(text) else None
+
+
+def integer(value: Any) -> int:
+    """``value`` as a whole number in ASCII digits: the argparse ``type`` of an integer option whose range is
+    checked where it is used (``argparse``'s ``type=int`` would read ``'١'`` as 1).
+
+    >>> integer("-3")
+    -3
+    """
+    return int(checked(value, whole_number, lambda _: True, "a whole number (ASCII digits)"))
+
+
 def tcp_port(value: Any) -> int:
     """``value`` as a TCP port to listen on (0 picks a free one).
 
     >>> tcp_port("6802"), tcp_port(0)
     (6802, 0)
     """
-    return int(checked(value, int, lambda p: 0 <= p <= 65535, "a TCP port 0 .. 65535 (0 picks a free one)"))
+    return int(checked(value, whole_number, lambda p: 0 <= p <= 65535, "a TCP port 0 .. 65535 (0 picks a free one)"))
 
 
 def free_port(host: str = "127.0.0.1") -> int:

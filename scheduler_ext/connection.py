@@ -73,9 +73,9 @@ def check_redis_url(url: Any, name: str = "REDIS_URL") -> None:
         raise ConfigurationError(f"{name}: expected {_URL_FORM}, got {shortened(mask_url(url))} ({exc})") from exc
     if parts.scheme.lower() == "unix":
         problem = "" if parts.path else "no socket path"
-    else:  # redis-py would silently use database 0 for a path that is not a number
+    else:  # redis-py would silently use database 0 for a path that is not a number ('²' too, which isdigit takes)
         db = parts.path.strip("/")
-        problem = "" if not db or db.isdigit() else f"database {db!r} is not a number"
+        problem = "" if not db or (db.isascii() and db.isdigit()) else f"database {db!r} is not a number"
     if problem:
         raise ConfigurationError(f"{name}: expected {_URL_FORM}, got {shortened(mask_url(url))} ({problem})")
 

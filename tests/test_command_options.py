@@ -1,15 +1,20 @@
-"""Bad options and arguments of ``scrapy parse_page`` and ``scrapy demo``: refused by name before any work starts.
+"""Bad options and arguments of ``scrapy parse_page``, ``scrapy demo`` and the integer options of every command:
+refused by name before any work starts.
 
 Run as a person runs them (``scrapy ...`` subprocesses); none of them reaches a service.
 """
 
 from __future__ import annotations
 
+import argparse
 import os
 from pathlib import Path
 
 import pytest
 from conftest import run_scrapy
+
+from product_crawl.commands.cluster import max_proc
+from product_crawl.services import integer, tcp_port
 
 PAGE = str(Path(__file__).parent / "pages" / "baidu_2021.html")
 
@@ -51,3 +56,36 @@ def test_demo_refuses_a_dashboard_port_out_of_range(port: str) -> None:
     assert done.returncode == 2 and "redis" not in done.stderr
     assert f"argument --dashboard-port: expected a TCP port 0 .. 65535 (0 picks a free one), got {port!r}" \
         in done.stderr
+
+
+# Digits of other scripts (Arabic-Indic, full-width) that int() reads as numbers, one (superscript) that
+# str.isdigit takes but int() refuses, and what else int() reads: an integer option reads ASCII digits only.
+OTHER_DIGITS = ["١", "１", "²", "1_0", "+1"]
+
+
+def test_integer_options_read_ascii_digits_only() -> None:
+    for value in OTHER_DIGITS:
+        for parse, expected in ((integer, "a whole number (ASCII digits)"),
+                                (max_proc, "a whole number of jobs >= 1"),
+                                (tcp_port, "a TCP port 0 .. 65535 (0 picks a free one)")):
+            with pytest.raises(argparse.ArgumentTypeError) as info:
+                parse(value)
+            assert str(info.value) == f"expected {expected}, got {value!r}"
+    assert (integer(" 7 "), max_proc("16"), tcp_port("0")) == (7, 16, 0)  # what they accepted before, still
+
+
+def test_split_type_reads_ascii_digits_only() -> None:
+    for value in ("١", "１", "²"):
+        done = run_scrapy(["split", "牛奶", "--site", "a.com", "--type", value])
+        assert done.returncode == 2 and "Traceback" not in done.stderr and not done.stdout, value
+        assert f"--type: expected 0 or 1, got {value!r}" in done.stderr
+
+
+@pytest.mark.parametrize("command", [["experiment", "--sim", "--seed"], ["cluster", "status", "--controls"],
+                                     ["demo", "--dashboard-port"]])
+def test_integer_options_of_commands_read_ascii_digits_only(command: list[str]) -> None:
+    # Services on closed ports: had the check let the value through, the command would fail later, not on it.
+    env = dict(os.environ, REDIS_URL="redis://127.0.0.1:1/0", MONGO_URI="mongodb://127.0.0.1:1/")
+    done = run_scrapy([*command, "١"], env)
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert f"argument {command[-1]}: expected " in done.stderr and "got '١'" in done.stderr

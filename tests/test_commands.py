@@ -101,6 +101,7 @@ def test_redis_url_port_out_of_range_is_named_without_the_password(tmp_path: Pat
 
 @pytest.mark.parametrize(("url", "problem"), [
     ("notaurl", ""), ("redis:/h", ""), ("redis://h:abc/0", "Port could not be cast"), ("redis://h/x", "database"),
+    ("redis://h/²", "database '²'"), ("redis://h/١", "database '١'"),
     ("redis://h/0?db=x", "Invalid value for 'db'"), ("redis://[::1/0", "Invalid IPv6"), ("unix://", "socket path"),
 ])
 def test_check_redis_url_names_the_setting(url: str, problem: str) -> None:

@@ -30,7 +30,7 @@ from product_crawl.deploy.scrapyd import (
     read_targets,
     write_scrapyd_config,
 )
-from product_crawl.services import checked, generate_password, tcp_port
+from product_crawl.services import checked, generate_password, integer, tcp_port, whole_number
 from scheduler_ext.defaults import setting_float
 from scheduler_ext.status import collect_status
 from scheduler_ext.store import lease_node
@@ -60,7 +60,7 @@ def max_proc(value: str) -> int:
     >>> max_proc("16")
     16
     """
-    return int(checked(value, lambda t: int(t) if t.isascii() and t.isdecimal() else None, lambda n: n >= 1,
+    return int(checked(value, whole_number, lambda n: n >= 1,
                        "a whole number of jobs >= 1"))
 
 
@@ -105,7 +105,7 @@ class Command(ScrapyCommand):
         parser.add_argument("--version", default=None, help="deploy: the version name (default: a time stamp)")
         parser.add_argument("--nodes", default=None, metavar="TARGET=N,...",
                             help="up: crawl nodes per target (plus one control and one standby)")
-        parser.add_argument("--controls", type=int, default=2, choices=(0, 1, 2),
+        parser.add_argument("--controls", type=integer, default=2, choices=(0, 1, 2),
                             help="up: controls to run: a leader and a standby (default 2)")
         # Its own dest: Scrapy's -s NAME=VALUE stays this command's own setting (REDIS_URL for status, ...),
         # while --set (which the conflict handler takes over from Scrapy's -s/--set) is for the jobs.

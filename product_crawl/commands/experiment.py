@@ -24,6 +24,7 @@ from product_crawl.commands._base import write_error, write_line
 from product_crawl.experiment import CONFIGURATIONS, DEFAULT_CONFIGURATIONS, ExperimentError, make_options
 from product_crawl.experiment.runner import MIN_DURATION, SIM_REPEAT, parse_overrides
 from product_crawl.experiment.sim import PROFILE_FAMILIES, usable_cores
+from product_crawl.services import integer
 
 
 class Command(ScrapyCommand):
@@ -56,26 +57,26 @@ class Command(ScrapyCommand):
                                  f"(by default {','.join(DEFAULT_CONFIGURATIONS)})")
         parser.add_argument("--ablations", action="store_true",
                             help="also run dynamic with each strategy at its baseline (Figure 5)")
-        parser.add_argument("--seed", type=int, default=0, help="simulated-web seed (default: 0)")
+        parser.add_argument("--seed", type=integer, default=0, help="simulated-web seed (default: 0)")
         parser.add_argument("--out", type=Path, default=None, metavar="DIR",
                             help="output folder (default: var/experiment/<timestamp>)")
-        parser.add_argument("--nodes", type=int, default=None, metavar="N",
+        parser.add_argument("--nodes", type=integer, default=None, metavar="N",
                             help="crawl nodes (default: one per node of the profile)")
         parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="NAME=VALUE",
                             help="a setting for every configuration's nodes and control, e.g. "
                                  "SCHEDEXT_RATE_FLOOR=0.8 (repeatable)")
         parser.add_argument("--sim", action="store_true",
                             help="run the configurations on the cluster simulator (no services, no processes)")
-        parser.add_argument("--repeat", type=int, default=None, metavar="N",
+        parser.add_argument("--repeat", type=integer, default=None, metavar="N",
                             help="with --sim: runs per configuration (seeds SEED..SEED+N-1), for ratio distributions "
                                  f"(default: {SIM_REPEAT} with --sim, 1 otherwise)")
-        parser.add_argument("--jobs", type=int, default=None, metavar="N",
+        parser.add_argument("--jobs", type=integer, default=None, metavar="N",
                             help="with --sim: runs at once, each in a process of its own (default: the cores this "
                                  "process may use, at most the runs)")
-        parser.add_argument("--products", type=int, default=None, metavar="N",
+        parser.add_argument("--products", type=integer, default=None, metavar="N",
                             help="with --sim: N products searched on every site (the paper's four, then 'product 5' "
                                  "..; default: the paper's four)")
-        parser.add_argument("--sites", type=int, default=None, metavar="N",
+        parser.add_argument("--sites", type=integer, default=None, metavar="N",
                             help="with --profile generated:FAMILY: its number of sites (default 8; --nodes: its "
                                  "nodes, default 12)")
         parser.add_argument("--machine-seconds", type=float, default=None, metavar="SECONDS",

@@ -16,6 +16,7 @@ from scrapy.commands import ScrapyCommand
 from scrapy.exceptions import UsageError
 
 from product_crawl.commands._base import OutputClosed, write_line
+from product_crawl.services import checked, whole_number
 from product_crawl.tasks import parse_virtual_task, split, split_keyword_args
 from scheduler_ext.exceptions import ConfigurationError, InvalidInput
 
@@ -59,11 +60,10 @@ class Command(ScrapyCommand):
         if opts.keywords:
             task["keywords"] = split_keyword_args(opts.keywords)
         if opts.node_type is not None:
-            try:
-                task["type"] = int(opts.node_type)
-            except ValueError:
-                raise UsageError(f"--type: expected 0 or 1, got {opts.node_type!r}",
-                                 print_help=False) from None
+            try:  # any whole number: the virtual task's check names the types that exist
+                task["type"] = checked(opts.node_type, whole_number, lambda _: True, "0 or 1")
+            except argparse.ArgumentTypeError as exc:
+                raise UsageError(f"--type: {exc}", print_help=False) from None
         if opts.site:
             task["sites"] = opts.site
         if opts.engine:
