@@ -7,6 +7,7 @@ Run as a person runs them (``scrapy ...`` subprocesses); none of them reaches a 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 from pathlib import Path
 
@@ -37,6 +38,17 @@ def test_parse_page_names_an_empty_file_argument_as_given() -> None:
     done = run_scrapy(["parse_page", ""])
     assert done.returncode == 2
     assert "FILE '': expected the path of a saved result page" in done.stderr
+
+
+def test_parse_page_reads_a_page_number_out_of_range_as_a_malformed_one() -> None:
+    """``pn=99999999999999999999999`` gave ranks of about 1e23; past MAX_PAGE pages the page number reads as a
+    malformed one does (``pn=abc``: ranks from the page's own numbering)."""
+    ranks = []
+    for pn in ("abc", "99999999999999999999999"):
+        done = run_scrapy(["parse_page", PAGE, f"--url=https://www.baidu.com/s?wd=x&pn={pn}"])
+        assert done.returncode == 0, done.stderr
+        ranks.append([r["rank"] for r in json.loads(done.stdout)["results"]])
+    assert ranks[0] and ranks[1] == ranks[0] and max(ranks[0]) < 100
 
 
 @pytest.mark.parametrize("duration", ["nan", "inf", "1e308", "5"])

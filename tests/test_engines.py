@@ -16,7 +16,15 @@ import pytest
 from scrapy.http import HtmlResponse
 from scrapy.settings import Settings
 
-from product_crawl.engines import Engine, Result, ResultPage, engine_base_urls, get_engine, normalize_date
+from product_crawl.engines import (
+    MAX_PAGE,
+    Engine,
+    Result,
+    ResultPage,
+    engine_base_urls,
+    get_engine,
+    normalize_date,
+)
 from product_crawl.engines.baidu import BaiduEngine, fit_query
 from product_crawl.engines.weibo import WeiboEngine
 from scheduler_ext.exceptions import ConfigurationError
@@ -216,6 +224,32 @@ def test_weibo_parses_results():
     ]
     assert engine.is_blocked(page("weibo_block.html", url))
     assert not engine.is_blocked(page("weibo.html", url))
+
+
+def test_a_page_number_past_max_page_or_in_other_digits_reads_as_malformed() -> None:
+    """A URL's page number is bounded (MAX_PAGE) and read in ASCII digits: ``pn=99999999999999999999999`` made
+    every rank on the page about 1e23. Such a number, like ``pn=١٠``, is read as a malformed one (``pn=abc``)."""
+    cases = [(BaiduEngine("http://www.baidu.com"), "baidu_2021.html", "http://www.baidu.com/s?wd=x&pn={}"),
+             (WeiboEngine("http://weibo.yunyun.com"), "weibo.html", "http://weibo.yunyun.com/Weibo.php?q=x&p={}"),
+             (get_engine("sweibo"), "sweibo_2015_saved.html", "https://s.weibo.com/weibo?q=x&page={}")]
+    for engine, name, url in cases:
+        malformed = [r.rank for r in engine.parse(page(name, url.format("abc"))).results]
+        assert malformed and max(malformed) < 100, name
+        for number in ("99999999999999999999999", str(MAX_PAGE * 20 + 1), "١٠", "１０"):
+            assert [r.rank for r in engine.parse(page(name, url.format(number))).results] == malformed, (name, number)
+    last = [r.rank for r in BaiduEngine("http://www.baidu.com").parse(
+        page("baidu_2021.html", f"http://www.baidu.com/s?wd=x&pn={MAX_PAGE * 10}")).results]
+    assert last[0] == MAX_PAGE * 10 + 1  # the last page read as such
+
+
+def test_a_block_id_or_data_rank_in_other_digits_is_no_rank() -> None:
+    """``str.isdigit`` takes ``²``, which ``int`` refuses: a block id or data-rank of it failed the whole page."""
+    body = (PAGES / "baidu_2021.html").read_text(encoding="utf-8").replace('id="11"', 'id="²"', 1)
+    response = HtmlResponse(url="http://www.baidu.com/s?wd=x&pn=10", body=body.encode(), encoding="utf-8")
+    assert [r.rank for r in BaiduEngine("http://www.baidu.com").parse(response).results][:2] == [11, 12]
+    body = (PAGES / "weibo.html").read_text(encoding="utf-8").replace('data-rank="11"', 'data-rank="²"', 1)
+    response = HtmlResponse(url="http://weibo.yunyun.com/Weibo.php?p=2&q=x", body=body.encode(), encoding="utf-8")
+    assert [r.rank for r in WeiboEngine("http://weibo.yunyun.com").parse(response).results] == [11, 12]
 
 
 def test_normalize_date():

@@ -37,6 +37,7 @@ from scrapy.selector import Selector
 from scrapy.settings import BaseSettings, Settings
 from scrapy.utils.misc import load_object
 
+from product_crawl.services import whole_number
 from scheduler_ext.exceptions import ConfigurationError, shortened
 
 __all__ = [
@@ -421,6 +422,24 @@ def clean_text(parts: Sequence[str]) -> str:
     """Text nodes joined, with runs of whitespace (including non-breaking spaces) collapsed and zero-width
     characters (Weibo pads posts with them) removed."""
     return " ".join("".join(parts).replace("\xa0", " ").replace("\u200b", "").replace("\ufeff", "").split())
+
+
+#: The highest result page (0-based) a URL's page number is read as: far past the last page any engine serves
+#: (Baidu's about 76, s.weibo.com's 50), and small enough that a rank counted from it (offset + position) stays an
+#: exact integer for every reader (JSON read as doubles, MongoDB's 64-bit integers).
+MAX_PAGE = 100_000
+
+
+def page_number(text: str, maximum: int) -> int | None:
+    """``text``, a page number or offset read from a URL, as a whole number 0 .. ``maximum`` in ASCII digits; None
+    otherwise, and the page is read as one whose number is malformed (``pn=99999999999999999999999`` would make
+    every rank on the page about 1e23).
+
+    >>> page_number("20", 750), page_number("99999999999999999999999", 750), page_number("١٠", 750)
+    (20, None, None)
+    """
+    number = whole_number(text.strip())
+    return number if number is not None and 0 <= number <= maximum else None
 
 
 def parse_count(text: str, pattern: re.Pattern[str]) -> int | None:

@@ -27,6 +27,7 @@ from parsel.csstranslator import HTMLTranslator
 from scrapy.http import Response, TextResponse
 
 from product_crawl.engines import (
+    MAX_PAGE,
     Engine,
     Result,
     ResultPage,
@@ -37,12 +38,14 @@ from product_crawl.engines import (
     has_class,
     html_title,
     normalize_date,
+    page_number,
     parse_count,
     redirect_target,
     strings,
     usable_url,
     without_query,
 )
+from product_crawl.services import whole_number
 
 #: Baidu's query limit: 38 Chinese characters, i.e. 76 bytes where a Chinese character takes two.
 QUERY_LIMIT_BYTES = 76
@@ -117,7 +120,7 @@ class BaiduEngine(Engine):
         return query[1:] if site else query
 
     def parse(self, response: TextResponse) -> ResultPage:
-        offset = _offset(response.url)
+        offset = _offset(response.url, self.page_size)
         root = response.selector.root  # the blocks are read as lxml nodes (engines.compiled)
         area = (compiled("//div[@id='content_left']")(root) or compiled("//body")(root) or [root])[0]
         results: list[Result] = []
@@ -198,13 +201,10 @@ def _query_bytes(text: str) -> int:
     return sum(1 if ord(ch) < 128 else 2 for ch in text)
 
 
-def _offset(url: str) -> int:
-    """The ``pn`` of a result-page URL (0 when absent or malformed)."""
+def _offset(url: str, page_size: int) -> int:
+    """The ``pn`` of a result-page URL (0 when absent, malformed or past :data:`MAX_PAGE` pages)."""
     values = parse_qs(urlsplit(url).query).get("pn")
-    try:
-        return max(0, int(values[0])) if values else 0
-    except ValueError:
-        return 0
+    return (page_number(values[0], MAX_PAGE * page_size) if values else None) or 0
 
 
 def _reported(response: TextResponse, text: str) -> int | None:
@@ -228,7 +228,8 @@ def _classify(block: etree._Element, offset: int, page_size: int) -> tuple[str, 
     if any(c.lower().startswith(("ec_", "ec-")) for c in classes):
         return "ad", f"class {block.get('class')!r}"
     block_id = block.get("id", "")
-    if block_id.isdigit() and int(block_id) >= 3000 and not _is_rank(int(block_id), offset, page_size):
+    number = whole_number(block_id)
+    if number is not None and number >= 3000 and not _is_rank(number, offset, page_size):
         return "ad", f"id {block_id}"
     if compiled(_AD_LABEL)(block):
         return "ad", "an ad label"
@@ -292,12 +293,9 @@ def _parse_result(block: etree._Element, response: TextResponse, kind: str, offs
             date = normalize_date(clean_text(strings(element, ".//text()")))
             if date:
                 break
-    block_id = block.get("id", "")
+    number = whole_number(block.get("id", ""))
     # Baidu numbers results across pages (id 11 is the first of pn=10); other ids are not ranks.
-    if block_id.isdigit() and _is_rank(int(block_id), offset, page_size):
-        rank = int(block_id)
-    else:
-        rank = offset + index + 1
+    rank = number if number is not None and _is_rank(number, offset, page_size) else offset + index + 1
     return Result(title=title, url=url, snippet=snippet, date=date, rank=rank, kind=kind)
 
 

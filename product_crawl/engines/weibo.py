@@ -41,6 +41,7 @@ from scrapy.settings import BaseSettings
 
 from product_crawl.engines import (
     DEFAULT_WEIBO_EXTRA_WORD,
+    MAX_PAGE,
     Engine,
     Result,
     ResultPage,
@@ -51,12 +52,14 @@ from product_crawl.engines import (
     has_class,
     html_title,
     normalize_date,
+    page_number,
     parse_count,
     redirect_target,
     strings,
     usable_url,
     without_query,
 )
+from product_crawl.services import whole_number
 
 _COUNT = re.compile(r"找到\s*约?\s*([\d,，]+)\s*条(?:相关)?(?:结果|微博)")
 _NO_RESULTS = ("抱歉，未找到", "未找到相关结果", "没有找到相关", "抱歉，没有找到")
@@ -265,13 +268,15 @@ def read_cookie_file(path: str) -> str:
 
 def _offset(url: str, paginations: Sequence[tuple[str, int]]) -> int:
     """The offset of the first post on the page at ``url``: for the first ``(param, page size)`` whose
-    ``param=N`` (pages from 1) is in the URL's query or in an old ``/weibo/<q>&page=N`` path, ``(N-1) x page
-    size``; 0 when none is. Each engine tries its own numbering first, then the other's (s.weibo.com's ``page=``
-    always counts 20 posts a page), so either engine reads a page of the other."""
+    ``param=N`` (pages from 1, at most :data:`MAX_PAGE` + 1) is in the URL's query or in an old
+    ``/weibo/<q>&page=N`` path, ``(N-1) x page size``; 0 when none is. Each engine tries its own numbering first,
+    then the other's (s.weibo.com's ``page=`` always counts 20 posts a page), so either engine reads a page of the
+    other."""
     for param, size in paginations:
         m = re.search(rf"[?&]{param}=(\d+)", url)
-        if m:
-            return (max(1, int(m[1])) - 1) * size
+        page = page_number(m[1], MAX_PAGE + 1) if m else None  # past MAX_PAGE (or not ASCII): as malformed
+        if page is not None:
+            return (max(1, page) - 1) * size
     return 0
 
 
@@ -344,12 +349,9 @@ def _parse_post(post: etree._Element, response: TextResponse, offset: int, index
     if not url:
         return f"post mid={mid or '?'} by {author or '?'}: no permalink"
     date = _date(link) if link is not None else None
-    rank_attr = post.get("data-rank", "")
+    number = whole_number(post.get("data-rank", ""))
     # data-rank (the Weibo.php front end) is a rank in the whole list only when it falls on this page.
-    if rank_attr.isdigit() and offset < int(rank_attr) <= offset + page_size:
-        rank = int(rank_attr)
-    else:
-        rank = offset + index + 1
+    rank = number if number is not None and offset < number <= offset + page_size else offset + index + 1
     return Result(title=author, url=url, snippet=snippet, date=date, rank=rank)
 
 
