@@ -181,7 +181,7 @@ def _decode(raw: str | bytes | Mapping[str, Any]) -> Mapping[str, Any]:
     if not isinstance(raw, str):
         raise InvalidInput(f"expected JSON text, bytes or a mapping, got {type(raw).__name__}")
     try:
-        data = json.loads(raw)
+        data = json.loads(raw, object_pairs_hook=_unique_fields)
     except json.JSONDecodeError as exc:
         raise InvalidInput(f"not JSON: {exc}") from exc
     except RecursionError as exc:
@@ -189,6 +189,21 @@ def _decode(raw: str | bytes | Mapping[str, Any]) -> Mapping[str, Any]:
     if not isinstance(data, dict):
         raise InvalidInput(f"expected a JSON object, got {_json_type(data)}")
     return data
+
+
+def _unique_fields(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object's fields, refusing one named twice: ``json`` keeps the last silently, so
+    ``{"name": "a", "name": "b"}`` would be product b, whatever its writer meant.
+
+    >>> _unique_fields([("name", "a"), ("brand", "b")])
+    {'name': 'a', 'brand': 'b'}
+    """
+    fields: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in fields:
+            raise InvalidInput(f"field {key!r} given twice; expected each field once")
+        fields[key] = value
+    return fields
 
 
 def _json_type(value: Any) -> str:

@@ -16,6 +16,7 @@ import redis as redis_lib
 
 from product_crawl.commands import inject
 from product_crawl.tasks import parse_virtual_task, splitter
+from scheduler_ext.exceptions import InvalidInput
 
 PROJECT = Path(__file__).resolve().parent.parent
 
@@ -57,6 +58,24 @@ def test_parse_lines_refuses_json_that_is_not_an_object() -> None:
     assert [t.name for t in tasks] == ["[进口] 雀巢奶粉", '"光明" 高钙牛奶']
     assert errors == ["f.txt line 1: expected a JSON object or a plain product name, got a JSON array",
                       "f.txt line 2: expected a JSON object or a plain product name, got a JSON string"]
+
+
+def test_a_field_given_twice_is_a_bad_line(tmp_path: Path, redis_url: str, prefix: str,
+                                           redis: redis_lib.Redis) -> None:
+    """json keeps the last of a field given twice: ``{"name": "a", "name": "b"}`` was product b. It is a bad line
+    naming the field (and, pushed raw, a virtual task the splitter refuses)."""
+    text = '{"name": "a", "name": "b"}\n{"name": "x", "sites": ["a.com"], "sites": []}\n{"name": "ok"}\n'
+    tasks, errors = inject.parse_lines(text, "f.txt")
+    assert [t.name for t in tasks] == ["ok"]
+    assert errors == ["f.txt line 1: field 'name' given twice; expected each field once",
+                      "f.txt line 2: field 'sites' given twice; expected each field once"]
+    with pytest.raises(InvalidInput, match="^field 'name' given twice"):
+        splitter('{"name": "a", "name": "b"}')
+    path = tmp_path / "tasks.txt"
+    path.write_text(text, encoding="utf-8")
+    proc = run_inject([str(path)], redis_url, prefix)
+    assert proc.returncode == 2 and "line 1: field 'name' given twice" in proc.stderr, proc.stderr
+    assert "nothing injected" in proc.stderr and redis.llen(f"{prefix}:virtual") == 0
 
 
 def test_bad_third_line_injects_nothing(tmp_path: Path, redis_url: str, prefix: str,
