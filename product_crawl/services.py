@@ -31,6 +31,7 @@ import socket
 import subprocess
 import sys
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,6 +39,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from scheduler_ext.connection import mask_url
+from scheduler_ext.exceptions import ConfigurationError, shortened
 
 logger = logging.getLogger(__name__)
 
@@ -142,6 +144,43 @@ def _redis_state(url: str, timeout: float) -> str:
         return "loading"
     except redis.RedisError:
         return "down"
+
+
+_MONGO_FORM = "mongodb://[USER:PASSWORD@]HOST[:PORT][,HOST...][/DATABASE][?OPTIONS] (or mongodb+srv://HOST)"
+
+
+def check_mongo_uri(uri: Any, name: str = "MONGO_URI") -> None:
+    """Raise ConfigurationError naming the setting ``name`` unless ``uri`` is a MongoDB connection string pymongo
+    reads, as :func:`scheduler_ext.connection.check_redis_url` does for Redis; the message shows it with its
+    password masked. Without it a malformed URI only showed as a server that does not answer (pymongo alone takes
+    ``notaurl`` for a host name). What ``MongoClient`` accepts passes, unknown or bad options included (it warns
+    about them and goes on without them). A ``mongodb+srv://`` URI is checked for its scheme only: the rest names a
+    DNS record, which only the connection looks up.
+
+    >>> check_mongo_uri("mongodb://pc:s3cret@m1.example,m2.example/?replicaSet=rs0")
+    >>> try:
+    ...     check_mongo_uri("mongodb://pc:s3cret@h:99999")
+    ... except ConfigurationError as exc:
+    ...     print(str(exc).split(", got ")[1])
+    'mongodb://pc:***@h:99999' (Port must be an integer between 0 and 65535)
+    """
+    from pymongo.errors import PyMongoError
+    from pymongo.uri_parser import parse_uri
+
+    if not isinstance(uri, str):
+        raise ConfigurationError(f"{name}: expected a string {_MONGO_FORM}, got {shortened(uri)}")
+    if not uri.startswith(("mongodb://", "mongodb+srv://")):
+        raise ConfigurationError(f"{name}: expected {_MONGO_FORM}, got {shortened(mask_url(uri))}")
+    if uri.startswith("mongodb+srv://"):
+        return
+    try:
+        with warnings.catch_warnings():  # as MongoClient reads it: options it would drop with a warning pass
+            warnings.simplefilter("ignore")
+            parse_uri(uri, warn=True)
+    # InvalidURI (pymongo's): no host, a bad host or database name; ValueError: a port that is not a number or out
+    # of range.
+    except (PyMongoError, ValueError) as exc:
+        raise ConfigurationError(f"{name}: expected {_MONGO_FORM}, got {shortened(mask_url(uri))} ({exc})") from exc
 
 
 def mongo_answers(uri: str, timeout: float = 1.5) -> bool:

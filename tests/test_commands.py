@@ -10,6 +10,7 @@ import pytest
 import redis as redis_lib
 from conftest import run_scrapy
 
+from product_crawl.services import check_mongo_uri
 from scheduler_ext.connection import check_redis_url, redis_from_settings
 from scheduler_ext.exceptions import ConfigurationError
 from scheduler_ext.keys import Keys
@@ -114,6 +115,41 @@ def test_check_redis_url_accepts_what_redis_py_accepts() -> None:
     for url in ("redis://127.0.0.1:6379/0", "redis://h", "rediss://:pw@h:6380/2", "unix:///tmp/redis.sock",
                 "redis://u:p@h:1/?db=3"):
         check_redis_url(url)
+
+
+MONGO_EXPECTED = ("MONGO_URI: expected mongodb://[USER:PASSWORD@]HOST[:PORT][,HOST...][/DATABASE][?OPTIONS] "
+                  "(or mongodb+srv://HOST), got ")
+
+
+@pytest.mark.parametrize(("action", "uri", "shown"), [
+    ("status", "notaurl", "'notaurl'"), ("start", "notaurl", "'notaurl'"),
+    ("status", "mongodb://pc:s3cret@h:99999/", "'mongodb://pc:***@h:99999/' (Port must be an integer"),
+])
+def test_malformed_mongo_uri_is_named_by_services(action: str, uri: str, shown: str, redis_url: str,
+                                                  tmp_path: Path) -> None:
+    """It was only a MongoDB "NOT answering" (pymongo takes notaurl for a host name), as REDIS_URL once was."""
+    env = dict(os.environ, REDIS_URL=redis_url, PC_SERVICES_DIR=str(tmp_path / "var"))
+    result = run_scrapy(["services", action, "-s", f"MONGO_URI={uri}"], env, timeout=60)
+    assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr
+    assert f"{MONGO_EXPECTED}{shown}" in result.stderr and "s3cret" not in result.stdout + result.stderr
+    assert not result.stdout  # named before anything is looked at or started
+
+
+@pytest.mark.parametrize(("uri", "problem"), [
+    ("notaurl", ""), ("localhost:27017", ""), ("MONGODB://h", ""), ("mongodb://", "at least one hostname"),
+    ("mongodb://h:abc", "Port contains non-digit"), ("mongodb://[::1", "IPv6"), ("mongodb://h/a b", "database"),
+])
+def test_check_mongo_uri_names_the_setting(uri: str, problem: str) -> None:
+    with pytest.raises(ConfigurationError, match=r"^MONGO_URI: expected mongodb://") as info:
+        check_mongo_uri(uri)
+    assert problem in str(info.value)
+
+
+def test_check_mongo_uri_accepts_what_mongo_client_accepts() -> None:
+    for uri in ("mongodb://127.0.0.1:27017", "mongodb://pc:pw@m1.example,m2.example/db?replicaSet=rs0&tls=true",
+                "mongodb://[::1]:27017/", "mongodb+srv://cluster0.example.net/?retryWrites=true",
+                "mongodb://h/?someFutureOption=1"):  # MongoClient warns about an option it does not know, and goes on
+        check_mongo_uri(uri)
 
 
 def test_redis_params_that_is_not_a_dict_is_named() -> None:

@@ -7,7 +7,7 @@ import sys
 
 from scrapy.commands import ScrapyCommand
 
-from product_crawl.services import ServiceError, Services, mask_url
+from product_crawl.services import ServiceError, Services, check_mongo_uri, mask_url
 from scheduler_ext.connection import check_redis_url
 from scheduler_ext.exceptions import ConfigurationError
 
@@ -31,6 +31,7 @@ class Command(ScrapyCommand):
         if action != "stop":  # stop only reads pid files: a malformed URL must not keep it from stopping servers
             try:
                 check_redis_url(services.redis_url, "REDIS_URL" if services.redis_explicit else "PC_EMBEDDED_REDIS_URL")
+                check_mongo_uri(services.mongo_uri, "MONGO_URI" if services.mongo_explicit else "PC_EMBEDDED_MONGO_URI")
             except ConfigurationError as exc:
                 print(f"error: {exc}", file=sys.stderr)
                 self.exitcode = 1
