@@ -476,6 +476,20 @@ def decide(snapshot: Snapshot, strategies: Strategies, now: float) -> list[Decis
     return _Decider(snapshot, strategies, now).run()
 
 
+def ended(k: Keys, task: Task) -> list[Write]:
+    """Mark ``task`` done if nothing of it is out and no page is left to give; the writes that count it."""
+    if task.open or task.total_pages is None or task.next_page < task.total_pages:
+        return []
+    task.done = True
+    return [Write.hincrby(k.progress, f"{task.group}|done"), Write.hincrby(k.counters, "tasks_done")]
+
+
+def counted_out(task: Task, st: Subtask) -> Task:
+    """``task`` with its subtask ``st`` no longer out (dead-lettered, or its dead letter dropped)."""
+    return replace(task, open=max(0, task.open - 1),
+                   retrying=max(0, task.retrying - 1) if st.attempt else task.retrying)
+
+
 class _Decider:
     def __init__(self, snap: Snapshot, strat: Strategies, now: float) -> None:
         self.snap, self.strat, self.now, self.k = snap, strat, now, snap.keys
@@ -769,11 +783,7 @@ class _Decider:
         return self._waiting_writes(st)
 
     def _ended(self, task: Task) -> list[Write]:
-        """Mark ``task`` done if nothing of it is out and no page is left to give; the writes that count it."""
-        if task.open or task.total_pages is None or task.next_page < task.total_pages:
-            return []
-        task.done = True
-        return [Write.hincrby(self.k.progress, f"{task.group}|done"), Write.hincrby(self.k.counters, "tasks_done")]
+        return ended(self.k, task)
 
     def _closed(self, st: Subtask) -> list[Write]:
         """Writes that count ``st`` as no longer out of its task (dead-lettered), and end the task if that was the
@@ -781,8 +791,7 @@ class _Decider:
         task = self._going(st.task)
         if task is None:
             return []
-        task = self._put(replace(task, open=max(0, task.open - 1),
-                                 retrying=max(0, task.retrying - 1) if st.attempt else task.retrying))
+        task = self._put(counted_out(task, st))
         return [*self._ended(task), Write.hset(self.k.tasks, task.id, self._record(task))]
 
     def _closed_raw(self, raw: str | None) -> list[Write]:

@@ -23,7 +23,7 @@ import sys
 from dataclasses import replace
 from typing import Any
 
-from .control import shown
+from .control import counted_out, ended, shown
 from .defaults import DEFAULTS
 from .exceptions import InvalidInput
 from .keys import Keys
@@ -177,10 +177,5 @@ def _counted_out(client: Any, keys: Keys, entry: dict[str, Any]) -> list[Write]:
         return []
     if task is None or task.done:
         return []
-    task = replace(task, open=max(0, task.open - 1),
-                   retrying=max(0, task.retrying - 1) if st.attempt else task.retrying)
-    writes: list[Write] = []
-    if not task.open and task.total_pages is not None and task.next_page >= task.total_pages:
-        task.done = True
-        writes = [Write.hincrby(keys.progress, f"{task.group}|done"), Write.hincrby(keys.counters, "tasks_done")]
-    return [*writes, Write.hset(keys.tasks, st.task, task.to_json())]
+    task = counted_out(task, st)
+    return [*ended(keys, task), Write.hset(keys.tasks, st.task, task.to_json())]
