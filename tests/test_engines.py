@@ -252,6 +252,20 @@ def test_a_block_id_or_data_rank_in_other_digits_is_no_rank() -> None:
     assert [r.rank for r in WeiboEngine("http://weibo.yunyun.com").parse(response).results] == [11, 12]
 
 
+@pytest.mark.parametrize("millis", ["²", "1" * 30, "-5"])
+def test_a_post_date_past_any_clock_falls_back_to_the_link_title(millis: str) -> None:
+    """A post's ``date`` attribute of ``²`` (``isdigit`` takes it, ``int`` does not) or of 10^30 ms (past any
+    date ``datetime`` holds) failed the whole page; the date now comes from the link's title or text."""
+    spec = json.loads((PAGES / "sweibo_2015_saved.json").read_text(encoding="utf-8"))
+    body = (PAGES / "sweibo_2015_saved.html").read_text(encoding="utf-8")
+    body = body.replace('date="1426126920000"', f'date="{millis}"', 1)
+    results = get_engine("sweibo").parse(HtmlResponse(url=spec["url"], body=body.encode(), encoding="utf-8")).results
+    expected = [r["date"] for r in spec["results"]] if "results" in spec else None
+    assert len(results) >= 2 and all(r.date is None or len(r.date) == 10 for r in results)
+    if expected:
+        assert [r.date for r in results] == expected
+
+
 def test_normalize_date():
     assert normalize_date("2013-5-12\xa0-\xa0") == "2013-05-12"
     assert normalize_date("2013年5月2日 ") == "2013-05-02"

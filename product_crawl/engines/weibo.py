@@ -358,7 +358,10 @@ def _parse_post(post: etree._Element, response: TextResponse, offset: int, index
 def _date(link: etree._Element) -> str | None:
     """The date of a post's date link: its ``date`` attribute (ms since the epoch, shown in China's time), its
     ``title`` ("2015-03-12 10:00"), else its text ("今天 10:05", "3月12日 10:00", "2019年01月03日 10:00")."""
-    millis = link.get("date", "")
-    if millis.isdigit():
-        return datetime.fromtimestamp(int(millis) / 1000, _CHINA).strftime("%Y-%m-%d")
+    millis = whole_number(link.get("date", ""))
+    if millis is not None and millis >= 0:
+        try:
+            return datetime.fromtimestamp(millis / 1000, _CHINA).strftime("%Y-%m-%d")
+        except (OverflowError, OSError, ValueError):  # past any date a clock shows ('²' and 1e30 failed the page)
+            pass
     return normalize_date(link.get("title")) or normalize_date(clean_text(strings(link, ".//text()")))
