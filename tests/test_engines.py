@@ -266,6 +266,18 @@ def test_a_post_date_past_any_clock_falls_back_to_the_link_title(millis: str) ->
         assert [r.date for r in results] == expected
 
 
+@pytest.mark.parametrize(("count", "reported"), [("1,020", 1020), (",,", None), ("١٢", None),
+                                                 ("9" * 40, None), ("1,000,000,000,000", 10**12)])
+def test_a_count_line_past_any_engine_or_without_digits_is_no_count(count: str, reported: int | None) -> None:
+    """The count line's number: ``,,`` alone failed the whole page (``int('')``); 10^40 results made every pair
+    that crawled the query look as if it collected nothing offered; other scripts' digits are no count either."""
+    body = (PAGES / "baidu_2021.html").read_text(encoding="utf-8")
+    body = body.replace("找到相关结果数约1,020个", f"找到相关结果数约{count}个")
+    response = HtmlResponse(url="http://www.baidu.com/s?wd=x&pn=10", body=body.encode(), encoding="utf-8")
+    page = BaiduEngine("http://www.baidu.com").parse(response)
+    assert page.reported == reported and len(page.results) >= 2
+
+
 def test_normalize_date():
     assert normalize_date("2013-5-12\xa0-\xa0") == "2013-05-12"
     assert normalize_date("2013年5月2日 ") == "2013-05-02"

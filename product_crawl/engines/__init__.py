@@ -442,9 +442,24 @@ def page_number(text: str, maximum: int) -> int | None:
     return number if number is not None and 0 <= number <= maximum else None
 
 
+#: The most results an engine's count line can claim (a trillion): a larger one is no count, or a page could make
+#: every pair that crawls it look as if it collected nothing of what was offered.
+MAX_COUNT = 10**12
+
+
 def parse_count(text: str, pattern: re.Pattern[str]) -> int | None:
-    """The number captured by ``pattern`` in ``text`` with thousands separators removed, or None."""
+    """The number captured by ``pattern`` in ``text`` with thousands separators removed, in ASCII digits and at most
+    :data:`MAX_COUNT`, or None (``,,`` alone failed the page; ``\\d`` also matches other scripts' digits).
+
+    >>> COUNT = re.compile(r"about ([\\d,]+) results")
+    >>> [parse_count(t, COUNT) for t in ("about 1,234 results", "about ,, results", "about ١٢ results")]
+    [1234, None, None]
+    """
     m = pattern.search(text)
     if not m:
         return None
-    return int(m[1].replace(",", "").replace("，", ""))
+    digits = m[1].replace(",", "").replace("，", "")
+    if not (digits.isascii() and digits.isdigit()) or len(digits) > 13:
+        return None
+    count = int(digits)
+    return count if count <= MAX_COUNT else None
