@@ -21,10 +21,10 @@ import json
 import logging
 import math
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from importlib import resources
-from typing import Any
+from typing import Any, TypeVar
 
 import redis
 
@@ -32,6 +32,8 @@ from .keys import Keys
 from .strategies.posterior import GROUP_NODES
 
 logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 SCRIPTS = ("take", "heartbeat", "finish", "release", "commit", "lead", "resign", "snapshot", "nodes", "ids",
            "aside")
@@ -266,6 +268,31 @@ class Store:
                                "(WRONGTYPE); set aside as %s", key, found_kind, expected[key], aside)
                 moved.append(key)
         return moved
+
+    def set_aside_all(self, batch: int = 1000) -> list[str]:
+        """:meth:`set_aside` for every key of the deployment (a ``SCAN`` of its prefix, ``batch`` keys at a time): for
+        the tools, which read keys of every family (a node's counters, a site's estimates, ...). Only after a
+        WRONGTYPE error: at a thousand nodes a deployment holds hundreds of thousands of keys."""
+        moved: list[str] = []
+        keys: list[str] = []
+        for key in self.redis.scan_iter(match=f"{self.keys.prefix}:*", count=batch):
+            keys.append(key)
+            if len(keys) >= batch:
+                moved += self.set_aside(keys)
+                keys = []
+        return moved + self.set_aside(keys)
+
+    def healed(self, read: Callable[[], T]) -> T:
+        """``read()``; if a key of another type than the schema gives it failed it (WRONGTYPE), every such key of
+        the deployment is set aside (:meth:`set_aside_all`) and it runs once more. For the tools (``scrapy status``,
+        ``deadletter``, ``inject``, the dashboard), which read keys of every family: they ended with a traceback
+        until a control tick or a node met the key."""
+        try:
+            return read()
+        except redis.ResponseError as exc:
+            if not wrong_type(exc) or not self.set_aside_all():
+                raise
+        return read()
 
     def _healing(self, script: Any, keys: list[str], args: list[Any]) -> Any:
         """``script`` run on ``keys``; if a key of another type stopped it (WRONGTYPE), the keys of the wrong type

@@ -71,6 +71,32 @@ def test_deadletter_list_requeue_drop_and_unknown_id(redis: redis_lib.Redis, pre
     assert redis.zcard(keys.waiting) == 1
 
 
+def test_tools_set_aside_a_key_of_another_type_and_do_their_work(redis: redis_lib.Redis, prefix: str,
+                                                                  scrapy_env: dict[str, str]) -> None:
+    """``status``, ``deadletter`` and ``inject`` ended with redis-py's WRONGTYPE traceback while a key they read was
+    set by hand to another type (until a control tick or a node met it). Each now sets every such key of the
+    deployment aside (kept, counted, a warning naming it) and does its work."""
+    keys = Keys(prefix)
+    opts = ["-s", f"SCHEDEXT_PREFIX={prefix}"]
+    _dead_subtask(redis, keys, "42")
+    redis.set(keys.waiting, "x")
+    redis.hset(keys.node_counters("n1"), "moved_out", 1)
+    redis.set(keys.est_site("a.com"), "x")
+    status = run_scrapy(["status", "--json", *opts], scrapy_env)
+    assert status.returncode == 0, status.stderr
+    assert json.loads(status.stdout)["queues"]["dead"] == 1
+    assert f"{keys.waiting} was a string where a zset belongs" in status.stderr
+    [aside] = redis.keys(f"{keys.prefix}:garbage:waiting:*")
+    assert redis.type(aside) == "string" and redis.get(aside) == "x"
+    redis.set(keys.dead, "x")  # its entry is gone with it; the list is empty, not a traceback
+    listed = run_scrapy(["deadletter", "list", *opts], scrapy_env)
+    assert listed.returncode == 0 and "0 dead-letter entries" in listed.stdout, listed.stderr
+    redis.hset(keys.virtual, "x", "x")
+    injected = run_scrapy(["inject", "--product", "牛奶", *opts], scrapy_env)
+    assert injected.returncode == 0, injected.stderr
+    assert redis.llen(keys.virtual) == 1 and redis.hget(keys.counters, "garbage_keys") == "4"
+
+
 def test_bad_strategy_path_fails_at_start_naming_the_setting(prefix: str, scrapy_env: dict[str, str]) -> None:
     result = run_scrapy(["crawl", "control", "-s", f"SCHEDEXT_PREFIX={prefix}",
                          "-s", "SCHEDEXT_MODIFICATION=scheduler_ext.strategies.nothing.Here"], scrapy_env, timeout=60)

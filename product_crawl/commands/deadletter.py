@@ -7,11 +7,13 @@ import getpass
 import json
 import socket
 
+import redis
 from scrapy.commands import ScrapyCommand
 from scrapy.exceptions import UsageError
 
 from product_crawl.commands._base import open_store, write_error, write_line
 from scheduler_ext import deadletter
+from scheduler_ext.connection import describe
 from scheduler_ext.exceptions import InvalidInput
 from scheduler_ext.status import finite
 from scheduler_ext.store import Store
@@ -45,17 +47,20 @@ class Command(ScrapyCommand):
             if args[0] == "list":
                 self._list(store, opts.json)
             elif args[0] == "requeue":
-                where = deadletter.requeue(store, args[1], actor)
+                where = store.healed(lambda: deadletter.requeue(store, args[1], actor))
                 write_line(f"requeued {args[1]} into {store.keys.prefix}:{where}")
             else:
-                deadletter.drop(store, args[1], actor)
+                store.healed(lambda: deadletter.drop(store, args[1], actor))
                 write_line(f"dropped {args[1]}")
         except InvalidInput as exc:
             write_error(str(exc))
             self.exitcode = 1
+        except redis.RedisError as exc:  # the server went away, or refused the change (then nothing changed)
+            write_error(f"Redis at {describe(store.redis)} failed during deadletter {args[0]}: {exc}")
+            self.exitcode = 1
 
     def _list(self, store: Store, as_json: bool) -> None:
-        entries = deadletter.list_entries(store)
+        entries = store.healed(lambda: deadletter.list_entries(store))
         for e in entries:
             if as_json:
                 write_line(json.dumps(finite(e), ensure_ascii=False, sort_keys=True))

@@ -30,6 +30,7 @@ from scheduler_ext.connection import describe, ensure_reachable, redis_from_sett
 from scheduler_ext.defaults import setting
 from scheduler_ext.exceptions import ConfigurationError, InvalidInput, ServiceUnavailable
 from scheduler_ext.keys import Keys
+from scheduler_ext.store import Store
 
 PUSH_CHUNK = 1000
 """Values per LPUSH inside the one transaction (keeps each command a reasonable size)."""
@@ -133,7 +134,8 @@ class Command(ScrapyCommand):
             return
 
         assert self.settings is not None
-        key = Keys(setting(self.settings, "SCHEDEXT_PREFIX")).virtual
+        keys = Keys(setting(self.settings, "SCHEDEXT_PREFIX"))
+        key = keys.virtual
         try:
             client = redis_from_settings(self.settings)
         except ConfigurationError as exc:  # a malformed REDIS_URL or REDIS_PARAMS
@@ -142,7 +144,7 @@ class Command(ScrapyCommand):
             return
         try:
             ensure_reachable(client)
-            push(client, key, tasks)
+            Store(client, keys).healed(lambda: push(client, key, tasks))
         except ServiceUnavailable as exc:
             write_error(f"nothing injected: {exc}")
             self.exitcode = 1

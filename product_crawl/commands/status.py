@@ -8,10 +8,12 @@ import time
 import unicodedata
 from typing import Any
 
+import redis
 from scrapy.commands import ScrapyCommand
 
-from product_crawl.commands._base import OutputClosed, open_store, seconds, write_line
+from product_crawl.commands._base import OutputClosed, open_store, seconds, write_error, write_line
 from scheduler_ext.config import Config
+from scheduler_ext.connection import describe
 from scheduler_ext.status import collect_status, finite
 
 
@@ -104,7 +106,7 @@ class Command(ScrapyCommand):
         threshold = Config.from_settings(self.settings).node_timeout
         try:
             while True:
-                status = collect_status(store, threshold)
+                status = store.healed(lambda: collect_status(store, threshold))
                 if opts.json:
                     write_line(json.dumps(finite(status), ensure_ascii=False, sort_keys=True))
                 else:
@@ -117,3 +119,6 @@ class Command(ScrapyCommand):
                 time.sleep(opts.watch)
         except (KeyboardInterrupt, OutputClosed):
             return
+        except redis.RedisError as exc:  # the server went away (under --watch), or refused a read
+            write_error(f"Redis at {describe(store.redis)} failed while reading the status: {exc}")
+            self.exitcode = 1

@@ -226,7 +226,7 @@ class Api(Resource):
                 request.write(_json(request, status, {"error": message}))
                 request.finish()
 
-        threads.deferToThread(work).addCallbacks(done, failed)
+        threads.deferToThread(self.data.store.healed, work).addCallbacks(done, failed)
         return NOT_DONE_YET
 
     def _principal(self, request: Request) -> str | None:
