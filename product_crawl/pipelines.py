@@ -45,7 +45,7 @@ from twisted.internet import defer, reactor, threads
 from w3lib.url import canonicalize_url
 
 from product_crawl.guard import DEFAULT_ITEM_FIELD_MAXLEN, ItemRefused, check_fields
-from product_crawl.services import mask_url
+from product_crawl.services import check_mongo_uri, mask_url
 from scheduler_ext.config import LONGEST, check_number
 
 logger = logging.getLogger(__name__)
@@ -105,7 +105,9 @@ class MongoPipeline:
         s = crawler.settings
         if not s.getbool("PC_MONGO_ENABLED", True):
             raise NotConfigured("PC_MONGO_ENABLED is off")
-        return cls(s.get("MONGO_URI") or DEFAULT_MONGO_URI, s.get("MONGO_DATABASE") or "product_crawl",
+        uri = s.get("MONGO_URI") or DEFAULT_MONGO_URI
+        check_mongo_uri(uri)  # pymongo alone takes "notaurl" for a host, and the node waits for it for ever
+        return cls(uri, s.get("MONGO_DATABASE") or "product_crawl",
                    s.get("PC_MONGO_COLLECTION") or "items", _setting(s, "PC_MONGO_BATCH_SIZE", 100, int, low=1),
                    _setting(s, "PC_MONGO_BATCH_DELAY", 0.02, low=0.0, high=LONGEST),
                    _setting(s, "PC_MONGO_TIMEOUT", 10.0, low=0.0, low_open=True, high=LONGEST),

@@ -181,3 +181,10 @@ def test_a_bad_storage_setting_is_refused_naming_it(name: str, value: str, expec
 def test_storage_settings_left_unset_take_their_defaults() -> None:
     pipeline = MongoPipeline.from_crawler(get_crawler(settings_dict={"PC_MONGO_BATCH_SIZE": "7"}))
     assert (pipeline.batch_size, pipeline.timeout, pipeline.outage) == (7, 10.0, 60.0)
+
+
+def test_a_malformed_mongo_uri_stops_the_node_naming_it() -> None:
+    # Before: pymongo took "notaurl" for a host name, and the node waited for it (PC_MONGO_OUTAGE) batch after batch
+    for uri in ("notaurl", "mongodb://h:99999"):
+        with pytest.raises(ConfigurationError, match=f"^MONGO_URI: expected mongodb://.*, got '{uri}'"):
+            MongoPipeline.from_crawler(get_crawler(settings_dict={"MONGO_URI": uri}))

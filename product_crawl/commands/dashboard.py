@@ -15,8 +15,9 @@ from product_crawl.commands._base import open_store, seconds, write_error, write
 from product_crawl.dashboard.auth import Auth, CredentialsError
 from product_crawl.dashboard.data import DashboardData
 from product_crawl.dashboard.server import LISTENING_PREFIX, Dashboard, is_loopback
-from product_crawl.services import DEFAULT_MONGO_URI, tcp_port
+from product_crawl.services import DEFAULT_MONGO_URI, check_mongo_uri, tcp_port
 from scheduler_ext.defaults import setting_float, setting_int
+from scheduler_ext.exceptions import ConfigurationError
 from scheduler_ext.history import History
 
 logger = logging.getLogger(__name__)
@@ -56,7 +57,8 @@ class Command(ScrapyCommand):
             return
         try:
             auth = Auth.from_settings(s)
-        except CredentialsError as exc:
+            check_mongo_uri(s.get("MONGO_URI") or DEFAULT_MONGO_URI)
+        except (CredentialsError, ConfigurationError) as exc:
             write_error(str(exc))
             self.exitcode = 2
             return
