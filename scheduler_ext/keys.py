@@ -6,6 +6,7 @@ deployment maps to one slot and multi-key Lua scripts stay legal on a cluster.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 #: The Redis type of every key of the schema (docs/redis-keys.md), by its name after the prefix, as ``TYPE`` names
@@ -29,6 +30,16 @@ class Keys:
 
     def _k(self, name: str) -> str:
         return f"{self.prefix}:{name}"
+
+    @property
+    def everything(self) -> str:
+        r"""The ``SCAN`` pattern of every key of this deployment: ``<prefix>:*``, the prefix's glob characters
+        escaped (a prefix ``{p*}`` matched ``{pc}``'s keys too, and ``Store.purge`` deleted another deployment).
+
+        >>> Keys("{pc}").everything, Keys("{p*}").everything, Keys("[a]?").everything
+        ('{pc}:*', '{p\\*}:*', '\\[a\\]\\?:*')
+        """
+        return re.sub(r"([*?\[\]\\])", r"\\\1", self.prefix) + ":*"
 
     # --- the schema's types ----------------------------------------------------------------------------------
     @property

@@ -275,7 +275,7 @@ class Store:
         WRONGTYPE error: at a thousand nodes a deployment holds hundreds of thousands of keys."""
         moved: list[str] = []
         keys: list[str] = []
-        for key in self.redis.scan_iter(match=f"{self.keys.prefix}:*", count=batch):
+        for key in self.redis.scan_iter(match=self.keys.everything, count=batch):
             keys.append(key)
             if len(keys) >= batch:
                 moved += self.set_aside(keys)
@@ -373,7 +373,7 @@ class Store:
     def purge(self) -> int:
         """Delete every key of this deployment's prefix; how many. For the demo, experiments and tests, which own
         their prefix: nodes and controls never call it (shared state is never flushed)."""
-        keys = list(self.redis.scan_iter(match=f"{self.keys.prefix}:*", count=1000))
+        keys = list(self.redis.scan_iter(match=self.keys.everything, count=1000))
         for i in range(0, len(keys), 1000):
             self.redis.delete(*keys[i:i + 1000])
         return len(keys)

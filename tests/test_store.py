@@ -656,6 +656,21 @@ def test_purge_deletes_this_prefix_only(store: Store) -> None:
         other.purge()
 
 
+@pytest.mark.parametrize("glob", ["*", "?", "[xy]"])
+def test_purge_of_a_prefix_with_glob_characters_deletes_that_prefix_only(store: Store, glob: str) -> None:
+    """``SCAN MATCH <prefix>:*`` read the prefix's ``*``, ``?`` and ``[...]`` as a glob: purging ``{t..*}``
+    deleted ``{t..x}``'s keys, another deployment's."""
+    base = store.keys.prefix[:-1]  # "{t<hex>"
+    mine, other = Store(store.redis, Keys(f"{base}{glob}}}")), Store(store.redis, Keys(f"{base}x}}"))
+    mine.redis.lpush(mine.keys.virtual, "a")
+    other.redis.lpush(other.keys.virtual, "b")
+    try:
+        assert mine.purge() == 1 and not mine.redis.exists(mine.keys.virtual)
+        assert other.redis.lrange(other.keys.virtual, 0, -1) == ["b"]
+    finally:
+        other.purge()
+
+
 # --- the scripts as files --------------------------------------------------------------------------------------
 
 
