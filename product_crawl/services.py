@@ -239,6 +239,23 @@ def integer(value: Any) -> int:
     return int(checked(value, whole_number, lambda _: True, "a whole number (ASCII digits)"))
 
 
+def real_number(text: str) -> float | None:
+    """``text`` as a float if it is written in ASCII, else None: how :func:`checked` reads every number option
+    (``float`` alone reads other scripts' digits, ``'١.٥'`` as 1.5). NaN and the infinities are left to the range
+    checks, which refuse them.
+
+    >>> real_number("2.5"), real_number("1e3"), real_number("١.٥")
+    (2.5, 1000.0, None)
+    """
+    return float(text) if text.isascii() else None
+
+
+def real(value: Any) -> float:
+    """``value`` as a number written in ASCII: the argparse ``type`` of a number option whose range is checked
+    where it is used."""
+    return float(checked(value, real_number, lambda _: True, "a number (ASCII digits)"))
+
+
 def tcp_port(value: Any) -> int:
     """``value`` as a TCP port to listen on (0 picks a free one).
 

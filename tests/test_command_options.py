@@ -94,8 +94,9 @@ def test_split_type_reads_ascii_digits_only() -> None:
 
 
 @pytest.mark.parametrize("command", [["experiment", "--sim", "--seed"], ["cluster", "status", "--controls"],
-                                     ["demo", "--dashboard-port"]])
-def test_integer_options_of_commands_read_ascii_digits_only(command: list[str]) -> None:
+                                     ["demo", "--dashboard-port"], ["experiment", "--sim", "--duration"],
+                                     ["demo", "--duration"], ["status", "--watch"]])
+def test_number_options_of_commands_read_ascii_digits_only(command: list[str]) -> None:
     # Services on closed ports: had the check let the value through, the command would fail later, not on it.
     env = dict(os.environ, REDIS_URL="redis://127.0.0.1:1/0", MONGO_URI="mongodb://127.0.0.1:1/")
     done = run_scrapy([*command, "١"], env)

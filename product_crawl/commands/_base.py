@@ -7,7 +7,7 @@ import os
 import sys
 from typing import Any
 
-from product_crawl.services import checked
+from product_crawl.services import checked, real_number
 from scheduler_ext.connection import ensure_reachable, redis_from_settings
 from scheduler_ext.defaults import setting
 from scheduler_ext.exceptions import ConfigurationError, ServiceUnavailable
@@ -57,7 +57,7 @@ def seconds(value: Any, maximum: float = 86400.0, *, zero: bool = False) -> floa
     (2.5, 1.0, 0.0)
     """
     low = 0.0 if zero else math.nextafter(0.0, 1.0)
-    return float(checked(value, float, lambda s: math.isfinite(s) and low <= s <= maximum,
+    return float(checked(value, real_number, lambda s: math.isfinite(s) and low <= s <= maximum,
                          f"a number of seconds {'>=' if zero else '>'} 0 and <= {maximum:g}"))
 
 

@@ -26,7 +26,7 @@ from product_crawl.cluster import PROJECT_DIR, LocalCluster, paper_nodes
 from product_crawl.commands._base import write_error, write_line
 from product_crawl.commands.status import render, table
 from product_crawl.dashboard.server import DashboardProcess
-from product_crawl.services import DEFAULT_MONGO_URI, ServiceError, Services, mask_url, tcp_port
+from product_crawl.services import DEFAULT_MONGO_URI, ServiceError, Services, mask_url, real, tcp_port
 
 PRODUCTS: list[dict[str, Any]] = [{"name": "光明高钙牛奶"}, {"name": "特仑苏", "brand": "蒙牛"}, {"name": "蒙牛早餐奶"},
                                   {"name": "雀巢中老年奶粉"}]
@@ -60,7 +60,7 @@ class Command(ScrapyCommand):
 
     def add_options(self, parser: argparse.ArgumentParser) -> None:
         super().add_options(parser)
-        parser.add_argument("--duration", type=float, default=100.0,
+        parser.add_argument("--duration", type=real, default=100.0,
                             help=f"seconds of crawling, {MIN_DURATION:.0f} .. {MAX_DURATION:.0f} (default 100)")
         parser.add_argument("--out", default="var/demo", help="folder for summary.json and logs (default var/demo)")
         parser.add_argument("--dashboard-port", type=tcp_port, default=6802,

@@ -24,7 +24,7 @@ from product_crawl.commands._base import write_error, write_line
 from product_crawl.experiment import CONFIGURATIONS, DEFAULT_CONFIGURATIONS, ExperimentError, make_options
 from product_crawl.experiment.runner import MIN_DURATION, SIM_REPEAT, parse_overrides
 from product_crawl.experiment.sim import PROFILE_FAMILIES, usable_cores
-from product_crawl.services import integer
+from product_crawl.services import integer, real
 
 
 class Command(ScrapyCommand):
@@ -49,7 +49,7 @@ class Command(ScrapyCommand):
                                  "also generated:FAMILY, a generated world (FAMILY: "
                                  f"{', '.join(PROFILE_FAMILIES)}; docs/experiment.md)")
         parser.set_defaults(profile=None)
-        parser.add_argument("--duration", type=float, default=90.0, metavar="SECONDS",
+        parser.add_argument("--duration", type=real, default=90.0, metavar="SECONDS",
                             help=f"wall time of each configuration (simulated time with --sim), >= {MIN_DURATION:.0f} "
                                  "(default: 90)")
         parser.add_argument("--strategies", default=",".join(DEFAULT_CONFIGURATIONS), metavar="LIST",
@@ -79,7 +79,7 @@ class Command(ScrapyCommand):
         parser.add_argument("--sites", type=integer, default=None, metavar="N",
                             help="with --profile generated:FAMILY: its number of sites (default 8; --nodes: its "
                                  "nodes, default 12)")
-        parser.add_argument("--machine-seconds", type=float, default=None, metavar="SECONDS",
+        parser.add_argument("--machine-seconds", type=real, default=None, metavar="SECONDS",
                             help="a real run: measure this machine (plain Scrapy, two windows of SECONDS) before "
                                  "and after the configurations, for the best possible; 0 uses the recorded "
                                  "benchmarks/results/bench_machine.json (default: 10)")
