@@ -1210,7 +1210,7 @@ class Control:
             return TickResult(False)
         with _collector_paused():
             snapshot = self.read()
-            result = self.apply(decide(snapshot, self.strategies, snapshot.now))
+            result = self.apply(decide(snapshot, self.strategies, snapshot.now), snapshot.tasks)
         # More may wait, and this tick took some of it (entries that keep being refused must not spin the loop)
         result.behind = snapshot.more and bool(result.split or result.reports or result.recalled or result.dead)
         return result
@@ -1345,13 +1345,22 @@ class Control:
             {raw: st for raw, st in window.values() if raw is not None and st is not None}
 
     # --- apply ----------------------------------------------------------------------------------------------------
-    def apply(self, decisions: Sequence[Decision]) -> TickResult:
-        """Commit every decision in order, in one round trip per chunk; count what was applied."""
+    def apply(self, decisions: Sequence[Decision], tasks: Mapping[str, Any] | None = None) -> TickResult:
+        """Commit every decision in order, in one round trip per chunk; count what was applied.
+
+        ``tasks``: the task records as the tick read them. A decision that writes a task record commits only if the
+        record is still the one it was decided on (``hfield_is``: as read, or as the tick's decision before it
+        wrote it): the control is not the only writer (``scrapy deadletter drop`` counts a subtask out), and a
+        record changed meanwhile was written over with what the tick had read. Such a decision is refused, with
+        the tick's later ones on the same task, and their entries are decided again by the next tick on the new
+        record."""
         result = TickResult(True)
         dead_notes: list[str] = []
+        records = None if tasks is None else dict(tasks)  # task id -> its record as the decisions so far leave it
         for start in range(0, len(decisions), 1000):
             chunk = decisions[start:start + 1000]
-            outcomes = self.store.commit_many([(d.guards, d.writes) for d in chunk])
+            outcomes = self.store.commit_many([(d.guards if records is None else self._unchanged(d, records),
+                                                d.writes) for d in chunk])
             for d, ok in zip(chunk, outcomes, strict=True):
                 if isinstance(ok, Exception):  # the script refused it (a bug in a decision): log, go on
                     logger.error("decision %s on %s refused by Redis: %s", d.kind, d.subject, ok)
@@ -1373,6 +1382,21 @@ class Control:
                            "y" if result.dead == 1 else "ies", "; ".join(dead_notes),
                            ", ..." if result.dead > len(dead_notes) else "")
         return result
+
+
+    def _unchanged(self, d: Decision, records: dict[str, Any]) -> list[Any]:
+        """``d``'s guards, and for each task record it writes, that the record is the one ``records`` holds (which
+        then holds what ``d`` writes)."""
+        guards, tasks = list(d.guards), self.keys.tasks
+        written: dict[str, Any] = {}
+        for w in d.writes:
+            if w[0] == "hset" and w[1] == tasks:
+                if w[2] not in written:
+                    raw = records.get(w[2])
+                    guards.append(Guard.hfield_is(tasks, w[2], raw if isinstance(raw, str) else None))
+                written[w[2]] = w[3]
+        records.update(written)
+        return guards
 
 
 def node_view(nid: str, raw: str | None, queued: int) -> NodeView | None:

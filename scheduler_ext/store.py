@@ -126,6 +126,11 @@ class Guard(tuple):  # type: ignore[type-arg]
         """The field exists (nothing removed)."""
         return cls(("hexists", key, field))
 
+    @classmethod
+    def hfield_is(cls, key: str, field: str, raw: str | None) -> Guard:
+        """The field holds ``raw`` (absent if None): a record nobody changed since it was read (nothing removed)."""
+        return cls(("hfield_is", key, field, raw))
+
 
 class Write(tuple):  # type: ignore[type-arg]
     """A write of :meth:`Store.commit` (commit.lua), built by name: ``Write.hset(key, field, value)``."""

@@ -15,7 +15,7 @@ import pytest
 import redis as redis_lib
 
 from product_crawl.tasks import splitter
-from scheduler_ext.control import ID_BLOCK, Control, node_view
+from scheduler_ext.control import ID_BLOCK, Control, decide, node_view
 from scheduler_ext.keys import Keys
 from scheduler_ext.models import Report, Subtask
 from scheduler_ext.store import Guard, Store
@@ -932,3 +932,25 @@ def test_a_subtask_dead_lettered_because_its_recall_failed_leaves_its_task(store
         control.tick()
         assert store.redis.hlen(k.dead) == 1, lapse
         assert _task_record(store)["open"] == 0, lapse
+
+
+def test_a_task_record_changed_after_the_tick_read_it_is_not_written_over(store: Store) -> None:
+    """The control is not the only writer of task records: ``scrapy deadletter drop`` counts a subtask out. A tick
+    that had read a record wrote what it decided on it over a change made meanwhile (the drop's count was lost, and
+    the task could never end). Its decision is refused now, and the next tick decides again on the new record."""
+    k = store.keys
+    inject(store, {"name": "p", "sites": ["a.com"]})
+    store.heartbeat("n1", NODE_INFO, 30, [])
+    control = make_control(store)
+    control.tick()
+    st, token, _ = take(store, "n1")
+    assert finish(store, "n1", st, token)
+    snapshot = control.read()
+    meanwhile = {**_task_record(store), "priority": 7.0}  # a change by another writer, after the read
+    store.redis.hset(k.tasks, st.task, json.dumps(meanwhile))
+    result = control.apply(decide(snapshot, control.strategies, snapshot.now), snapshot.tasks)
+    assert result.refused >= 1 and result.reports == 0
+    assert _task_record(store) == meanwhile and store.redis.llen(k.sleeping) == 1  # the report waits, whole
+    control.tick()
+    record = _task_record(store)
+    assert record["priority"] == 7.0 and record["collected"] == 30 and store.redis.llen(k.sleeping) == 0

@@ -23,6 +23,8 @@ ones after it. Decisions are applied in order, so a later one sees what an earli
                                                     script writes (a hand edit, a clock gone back) never comes
       ["hdel", hash, field]                         the field exists; it is removed
       ["hexists", hash, field]                      the field exists (checked, nothing removed)
+      ["hfield_is", hash, field, raw]               the field holds raw, or is absent if raw is null (checked,
+                                                    nothing removed): a record not changed since it was read
     writes (built by scheduler_ext.store.Write):
       ["hset", k, f, v] ["hdel", k, f] ["zadd", k, score, m] ["zrem", k, m] ["lpush", k, v]
       ["hincrby", k, f, n] ["del", k] ["sadd", k, m]
@@ -37,14 +39,15 @@ before that decision changes anything (types.lua); the decisions before it stay 
 local decisions = cjson.decode(ARGV[1])
 
 local knownGuards = {tail_is = 1, tail_sha1_is = 1, lease_is = 1, zrem = 1, lrem = 1, lrem_or_lost = 1, zscore_le = 1,
-                     hdel = 1, hexists = 1}
+                     hdel = 1, hexists = 1, hfield_is = 1}
 local knownWrites = {hset = 1, hdel = 1, zadd = 1, zrem = 1, lpush = 1, hincrby = 1, del = 1, sadd = 1}
 
 -- The type each guard and write uses its key as; lease_is also uses its third element, a zset, and lrem_or_lost
 -- its fourth. Not checked: 'del' (any type), 'hincrby' (a counter of another type starts over by itself:
 -- counter.lua).
 local guardTypes = {tail_is = 'list', tail_sha1_is = 'list', lease_is = 'hash', zrem = 'zset', lrem = 'list',
-                    lrem_or_lost = 'list', zscore_le = 'zset', hdel = 'hash', hexists = 'hash'}
+                    lrem_or_lost = 'list', zscore_le = 'zset', hdel = 'hash', hexists = 'hash',
+                    hfield_is = 'hash'}
 local writeTypes = {hset = 'hash', hdel = 'hash', zadd = 'zset', zrem = 'zset', lpush = 'list', sadd = 'set'}
 local checked = {}  -- key -> type found right in this call (a decision's writes create keys of that type only)
 local function expectOnce(key, kind)
@@ -85,6 +88,10 @@ local function holds(g)
     return score ~= nil and score <= tonumber(g[6])
   elseif op == 'hdel' or op == 'hexists' then
     return redis.call('HEXISTS', g[2], g[3]) == 1
+  elseif op == 'hfield_is' then
+    local value = redis.call('HGET', g[2], g[3])
+    if g[4] == cjson.null then return value == false end
+    return value == g[4]
   elseif op == 'zscore_le' then
     -- Every score this guards is a time (a lease deadline, a queue time, a heartbeat) that no script sets to +inf,
     -- nor further ahead than `beyond`: such a score (a hand edit, a clock gone back) would never come due
