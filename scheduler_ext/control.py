@@ -927,22 +927,26 @@ class _Decider:
         try:
             st = Subtask.from_json(raw or "null")
         except InvalidInput:  # no readable record: the crawl-queue entry, if any, goes to `failed` on take
-            return Decision("drop", [Guard.zscore_le(k.queued, sid, self.now - self.strat.recall_age)],
-                            [Write.zrem(k.queued, sid)], sid)
-        if st.node is None:
-            return Decision("drop", [Guard.zscore_le(k.queued, sid, self.now - self.strat.recall_age)],
-                            [Write.zrem(k.queued, sid)], sid)
+            st = None
+        if st is None or st.node is None:
+            guard = Guard.zscore_le(k.queued, sid, *self._stale_bounds())
+            return Decision("drop", [guard], [Write.zrem(k.queued, sid)], sid)
         reason = f"not taken by {st.node} within {self.strat.recall_age:.0f} s"
         assert raw is not None
         return self._recall("recall", [self._queued_entry(sid, st.node, raw)], st, st.node, reason, failed=False,
                             extra=[Write.zrem(k.queued, sid)])
+
+    def _stale_bounds(self) -> tuple[float, float]:
+        """A queue time at or before the first is stale; after the second (the recall age ahead: no time the
+        control writes, a hand edit or a clock gone back) it would never be, and counts as stale too."""
+        return self.now - self.strat.recall_age, self.now + self.strat.recall_age
 
     def _queued_entry(self, sid: str, node: str, raw: str) -> Guard:
         """The guard of a stale entry's recall: the entry is still in its node's crawl queue (and is taken out), or
         it is gone from there but still queued since before the recall age. A take removes the queued member in the
         same step, so the second can only be an entry lost by hand (a ``DEL``, a key set aside for its type): with
         the first alone its subtask stayed queued, and its task open, for ever."""
-        return Guard.lrem_or_lost(self.k.crawl(node), raw, self.k.queued, sid, self.now - self.strat.recall_age)
+        return Guard.lrem_or_lost(self.k.crawl(node), raw, self.k.queued, sid, *self._stale_bounds())
 
     def _dead_stale(self, exc: BaseException, sid: str, raw: str | None) -> Decision:
         k = self.k

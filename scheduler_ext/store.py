@@ -103,11 +103,13 @@ class Guard(tuple):  # type: ignore[type-arg]
         return cls(("lrem", key, raw))
 
     @classmethod
-    def lrem_or_lost(cls, key: str, raw: str, queued: str, member: str, score: float) -> Guard:
+    def lrem_or_lost(cls, key: str, raw: str, queued: str, member: str, score: float,
+                     beyond: float = math.inf) -> Guard:
         """``raw`` is in list ``key`` (one occurrence removed), or it is not and ``member``'s score in ``queued`` is
-        at most ``score``: the entry left its crawl queue without being taken (a take removes ``member``), so
-        nothing else will ever run it."""
-        return cls(("lrem_or_lost", key, raw, queued, member, score))
+        at most ``score`` (or after ``beyond``, as :meth:`zscore_le`): the entry left its crawl queue without being
+        taken (a take removes ``member``), so nothing else will ever run it."""
+        return cls(("lrem_or_lost", key, raw, queued, member, score) if beyond == math.inf else
+                   ("lrem_or_lost", key, raw, queued, member, score, beyond))
 
     @classmethod
     def zscore_le(cls, key: str, member: str, score: float, beyond: float = math.inf) -> Guard:

@@ -1035,3 +1035,17 @@ def test_a_crawl_queue_entry_lost_by_hand_is_recalled_once_stale(store: Store, r
     store.redis.zadd(k.queued, {sid: 1.0})  # queued long ago
     run_valid_task(store, control, node="n2", name="lost")  # (a recalled subtask avoids the node it was on)
     assert store.redis.zcard(k.queued) == 0 and store.redis.hlen(k.subtasks) == 0
+
+
+def test_a_queue_time_far_in_the_future_is_stale(store: Store) -> None:
+    """A ``queued`` score the control never writes (1e300 by hand, a Redis clock gone back) never came due: a node
+    that never took its entry held the subtask, and its task, for ever. Like a lease deadline or a heartbeat that
+    far ahead, it counts as stale."""
+    k = store.keys
+    control = make_control(store, allocation=DynamicAllocation())
+    store.heartbeat("n1", NODE_INFO, 30, [])
+    store.redis.lpush(k.virtual, json.dumps({"name": "ahead", "sites": ["ahead.example"]}))
+    control.tick()
+    [sid] = store.redis.zrange(k.queued, 0, -1)
+    store.redis.zadd(k.queued, {sid: 1e300})  # n1 stays alive and never takes it
+    run_valid_task(store, control, node="n2", name="ahead")

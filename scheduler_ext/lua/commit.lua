@@ -14,9 +14,10 @@ ones after it. Decisions are applied in order, so a later one sees what an earli
       ["lease_is", lease_info, leases, id, token]   the lease of id has this token; lease and deadline go
       ["zrem", zset, member]                        member is in the sorted set; it is removed
       ["lrem", list, value]                         value is in the list; one occurrence is removed
-      ["lrem_or_lost", list, value, zset, member, x]
+      ["lrem_or_lost", list, value, zset, member, x(, beyond)]
                                                     as lrem, or: value is not in the list and member's score in
-                                                    zset is <= x (a queued entry gone from its crawl queue without
+                                                    zset is <= x or > beyond, as zscore_le (a queued entry gone
+                                                    from its crawl queue without
                                                     being taken, which removes member: a hand edit lost it)
       ["zscore_le", zset, member, x(, beyond)]      member's score is <= x, or > beyond (default: +inf only;
                                                     checked, nothing removed): a time further ahead than any
@@ -85,7 +86,7 @@ local function holds(g)
   elseif op == 'lrem_or_lost' then
     if redis.call('LPOS', g[2], g[3]) ~= false then return true end
     local score = tonumber(redis.call('ZSCORE', g[4], g[5]) or '')
-    return score ~= nil and score <= tonumber(g[6])
+    return score ~= nil and (score <= tonumber(g[6]) or score > (tonumber(g[7]) or math.huge) or score == math.huge)
   elseif op == 'hdel' or op == 'hexists' then
     return redis.call('HEXISTS', g[2], g[3]) == 1
   elseif op == 'hfield_is' then

@@ -38,7 +38,7 @@ Returns {time, virtual, sleeping, failed, lapsed, stale, silent, live, entries, 
               flat, oldest first: raw, size, sha1 per entry (sha1 is '' for an entry returned whole)
   lapsed      ids whose lease deadline is not after now (score order), then those whose deadline is after
               now + leaseHorizon (+inf included)
-  stale       ids queued at or before now - recallAge
+  stale       ids queued at or before now - recallAge, or more than recallAge ahead of now (no time the control writes)
   silent      nodes whose last heartbeat is at or before now - nodeTimeout, then those after now + nodeTimeout
   live        every node whose last heartbeat is from now - nodeTimeout to now + nodeTimeout
   entries     JSON text: [node JSON (false if none), crawl-queue length] per node of ARGV[10..], in order
@@ -84,7 +84,8 @@ for i = 10, #ARGV do
 end
 
 -- The members of a sorted set scored at or before `upTo`, then (up to batch in all) those scored after `beyond`.
--- The scripts write times: a lease deadline at most SCHEDEXT_LEASE_TTL ahead of now, a heartbeat at now. A score
+-- The scripts write times: a lease deadline at most SCHEDEXT_LEASE_TTL ahead of now, a heartbeat and a queue
+-- time at now. A score
 -- far further ahead (+inf or 1e300 set by hand, or a server clock gone back) would never come due and would hold a
 -- subtask, or keep a ghost node alive, for ever: it counts as due (commit.lua's zscore_le agrees).
 local function due(key, upTo, beyond)
@@ -106,7 +107,7 @@ return {
   time,
   peek(virtualKey), peek(sleepingKey), peek(failedKey),
   due(leasesKey, now, now + leaseHorizon),
-  redis.call('ZRANGEBYSCORE', queuedKey, '-inf', score(now - recallAge), 'LIMIT', 0, batch),
+  due(queuedKey, now - recallAge, now + recallAge),
   due(seenKey, now - nodeTimeout, now + nodeTimeout),
   redis.call('ZRANGEBYSCORE', seenKey, score(now - nodeTimeout), score(now + nodeTimeout)),
   cjson.encode(entries),
