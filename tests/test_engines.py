@@ -5,6 +5,7 @@ simulated web."""
 from __future__ import annotations
 
 import json
+import random
 import re
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -24,6 +25,7 @@ from product_crawl.engines import (
     engine_base_urls,
     get_engine,
     normalize_date,
+    redirect_target,
 )
 from product_crawl.engines.baidu import BaiduEngine, fit_query
 from product_crawl.engines.weibo import WeiboEngine
@@ -276,6 +278,61 @@ def test_a_count_line_past_any_engine_or_without_digits_is_no_count(count: str, 
     response = HtmlResponse(url="http://www.baidu.com/s?wd=x&pn=10", body=body.encode(), encoding="utf-8")
     page = BaiduEngine("http://www.baidu.com").parse(response)
     assert page.reported == reported and len(page.results) >= 2
+
+
+@pytest.mark.parametrize("href", ["http://[abc/x", "http://[id]/x", "//[::1"])
+def test_a_link_whose_host_is_no_address_is_skipped_not_the_page(href: str) -> None:
+    """A result link with a bracketed host that is no IPv6 address (``urlsplit`` raises) failed the whole page, and
+    with it every other result there (found by mutating the real layouts, below)."""
+    body = (PAGES / "baidu_2021.html").read_text(encoding="utf-8")
+    first = re.search(r'<a[^>]* href="([^"]+)"', body)
+    assert first is not None
+    response = HtmlResponse(url="http://www.baidu.com/s?wd=x&pn=10", encoding="utf-8",
+                            body=body.replace(first[1], href, 1).encode())
+    before = BaiduEngine("http://www.baidu.com").parse(
+        HtmlResponse(url="http://www.baidu.com/s?wd=x&pn=10", body=body.encode(), encoding="utf-8")).results
+    after = BaiduEngine("http://www.baidu.com").parse(response).results
+    assert len(after) >= len(before) - 1 >= 1 and all("[" not in r.url for r in after)
+
+
+@pytest.mark.parametrize("engine", ["baidu", "weibo", "sweibo"])
+def test_a_redirect_to_no_url_is_no_verification_page(engine: str) -> None:
+    for location in (b"http://[abc/x", b"http://[id]/"):
+        response = HtmlResponse(url="http://www.baidu.com/s?wd=x", status=302, headers={"Location": location},
+                                body=b"")
+        assert redirect_target(response) == "" and get_engine(engine).block_reason(response) is None
+
+
+@pytest.mark.parametrize("expected", sorted(PAGES.glob("*.json")), ids=lambda p: p.stem)
+def test_every_real_layout_survives_hostile_mutations(expected: Path) -> None:
+    """Each real layout, cut, spliced, sprinkled with random bytes and with its numbers replaced by hostile ones
+    (``²``, ``١٢``, 10^29, ``nan``, ``,``, nothing): the engine reads what it can and never raises (an exception fails
+    the page and every result on it)."""
+    spec = json.loads(expected.read_text(encoding="utf-8"))
+    html = expected.with_suffix(".html").read_bytes()
+    engine = get_engine(spec["engine"])
+    rng = random.Random(expected.stem)
+    hostile = [b"\xc2\xb2", "١٢".encode(), b"", b"-1", b"9" * 29, b"nan", b",", b"1,,", b"0", b"1_0"]
+    for _ in range(25):
+        body = bytearray(html)
+        for _ in range(rng.randint(1, 6)):
+            i = rng.randrange(len(body) or 1)
+            op = rng.random()
+            if op < 0.2:
+                del body[i:i + rng.randint(1, 400)]
+            elif op < 0.4:
+                body[i:i] = body[rng.randrange(len(body) or 1):][:rng.randint(1, 400)]
+            elif op < 0.6:
+                body[i:i] = bytes(rng.randrange(256) for _ in range(rng.randint(1, 20)))
+            elif op < 0.7:
+                del body[i:]
+            else:
+                numbers = list(re.finditer(rb"\d+", bytes(body)))
+                if numbers:
+                    m = rng.choice(numbers)
+                    body[m.start():m.end()] = rng.choice(hostile)
+        engine.parse(HtmlResponse(url=spec["url"], status=spec.get("status", 200), headers=spec.get("headers"),
+                                  body=bytes(body)))
 
 
 def test_normalize_date():

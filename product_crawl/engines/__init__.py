@@ -339,12 +339,16 @@ def usable_url(response: TextResponse, candidates: Iterable[str | None]) -> str:
         value = (candidate or "").strip()
         if not value or value.lower() in _NOT_URLS or value.startswith("#"):
             continue
-        url = response.urljoin(value) if on_web else urljoin("https://", value) if value.startswith("//") else value
-        parts = urlsplit(url)
-        if parts.scheme not in ("http", "https") or not parts.hostname or parts.path.lower() in ("/null",
-                                                                                               "/undefined"):
+        try:
+            url = response.urljoin(value) if on_web else urljoin("https://", value) if value.startswith("//") \
+                else value
+            parts = urlsplit(url)
+            host = parts.hostname
+        except ValueError:  # "http://[abc", "http://[id]/": a bracketed host that is no IPv6 address failed the page
             continue
-        if parts.hostname.startswith("nourl."):
+        if parts.scheme not in ("http", "https") or not host or parts.path.lower() in ("/null", "/undefined"):
+            continue
+        if host.startswith("nourl."):
             continue
         return url
     return ""
@@ -354,13 +358,19 @@ _NOT_URLS = {"null", "none", "undefined", "about:blank"}
 
 
 def redirect_target(response: Response) -> str:
-    """Where a 3xx ``response`` redirects to (absolute), "" for any other response."""
+    """Where a 3xx ``response`` redirects to (absolute), "" for any other response, or for a ``Location`` that is no
+    URL (``http://[abc``: reading its host failed the whole page)."""
     if not 300 <= response.status < 400:
         return ""
     location = response.headers.get(b"Location")
     if not location:
         return ""
-    return response.urljoin(location.decode("latin-1"))
+    try:
+        target = response.urljoin(location.decode("latin-1"))
+        urlsplit(target).hostname  # noqa: B018  (a bracketed host that is no IPv6 address raises here)
+    except ValueError:
+        return ""
+    return target
 
 
 def html_title(response: Response) -> str:
