@@ -289,28 +289,21 @@ class Store:
                 keys = []
         return moved + self.set_aside(keys)
 
-    def healed(self, read: Callable[[], T]) -> T:
-        """``read()``; if a key of another type than the schema gives it failed it (WRONGTYPE), every such key of
-        the deployment is set aside (:meth:`set_aside_all`) and it runs once more. For the tools (``scrapy status``,
-        ``deadletter``, ``inject``, the dashboard), which read keys of every family: they ended with a traceback
-        until a control tick or a node met the key."""
+    def healed(self, read: Callable[[], T], keys: list[str] | None = None) -> T:
+        """``read()``; if a key of another type than the schema gives it stopped it (WRONGTYPE), the keys of the
+        wrong type among ``keys`` (a script's own: it checks their types before its first write, ``lua/types.lua``,
+        so the failed run changed nothing), or of the whole deployment if None (:meth:`set_aside_all`: for the
+        tools, ``scrapy status``, ``deadletter``, ``inject`` and the dashboard, which read keys of every family), are
+        set aside and it runs once more."""
         try:
             return read()
         except redis.ResponseError as exc:
-            if not wrong_type(exc) or not self.set_aside_all():
+            if not wrong_type(exc) or not (self.set_aside_all() if keys is None else self.set_aside(keys)):
                 raise
         return read()
 
     def _healing(self, script: Any, keys: list[str], args: list[Any]) -> Any:
-        """``script`` run on ``keys``; if a key of another type stopped it (WRONGTYPE), the keys of the wrong type
-        are set aside and it runs once more. Safe: the scripts check their keys' types before their first write
-        (``lua/types.lua``), so the failed run changed nothing."""
-        try:
-            return script(keys=keys, args=args)
-        except redis.ResponseError as exc:
-            if not wrong_type(exc) or not self.set_aside(keys):
-                raise
-        return script(keys=keys, args=args)
+        return self.healed(lambda: script(keys=keys, args=args), keys)
 
     # --- node side ----------------------------------------------------------------------------------------------
     def take(self, node: str, lease_ttl: float, grace: float, max_skip: int = 8) -> tuple[str, str, float] | None:
