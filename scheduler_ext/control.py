@@ -1193,11 +1193,14 @@ class Control:
         the keys set aside. Only after a WRONGTYPE error, which does not say which key: a hand ``SET`` on one
         cluster key (``sleeping``, ``waiting``, ``tasks``, ...) or on a node's crawl queue failed every tick until a
         person deleted it. First the deployment's own keys, so that ``node_seen`` and ``nodes`` can name the nodes;
-        then the crawl queue of every node known, and the estimate hashes the tick read last."""
+        then the crawl queue of every node known, and the estimate hashes the tick read last; if none of those is
+        of the wrong type, every key of the deployment (a ``SCAN``: a key of a family the tick reads otherwise)."""
         store, k = self.store, self.keys
         moved = store.set_aside(k.cluster_keys)
         nodes = set(self._slots) | set(store.redis.zrange(k.node_seen, 0, -1)) | set(store.redis.hkeys(k.nodes))
         moved += store.set_aside([*(k.crawl(n) for n in sorted(nodes)), *self.estimates.asked])
+        if not moved:
+            moved = store.set_aside_all()
         if not moved:
             logger.warning("control %s: a WRONGTYPE error, and no key the tick uses is of another type than "
                            "docs/redis-keys.md gives it", self.control_id)
