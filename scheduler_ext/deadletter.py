@@ -12,7 +12,7 @@ list in the same atomic commit as the change itself, so an action is applied and
 is newest first and trimmed to ``SCHEDEXT_AUDIT_MAXLEN`` records (docs/redis-keys.md).
 
 Dropping a ``report`` or ``failure`` also counts its subtask out of its task (the ``tasks`` record: ``open``, and
-``done`` if that was the last of it), in the same transaction: the control left it counted in, since requeued whole
+``done`` if that was the last of it), in the same guarded commit: the control left it counted in, since requeued whole
 it counts itself out (docs/control.md, "Decide"). Every other kind was counted out when it was dead-lettered.
 """
 
@@ -26,7 +26,6 @@ from typing import Any
 from .control import counted_out, ended, shown
 from .defaults import DEFAULTS
 from .exceptions import InvalidInput
-from .keys import Keys
 from .models import Subtask, Task, loads_object
 from .store import Guard, Store, Write
 
@@ -61,9 +60,8 @@ def _at(entry: dict[str, Any]) -> float:
     return float(at) if isinstance(at, (int, float)) and not isinstance(at, bool) else 0.0
 
 
-def _entry(client: Any, keys: Keys, entry_id: str) -> tuple[str, dict[str, Any]]:
-    """The entry ``entry_id`` as stored and decoded, read with ``client`` (the store's, or a watching pipeline)."""
-    raw = client.hget(keys.dead, entry_id)
+def _entry(store: Store, entry_id: str) -> tuple[str, dict[str, Any]]:
+    raw = store.redis.hget(store.keys.dead, entry_id)
     if raw is None:
         raise UnknownEntry(f"no dead-letter entry with id {entry_id!r} (see `scrapy deadletter list`)")
     return raw, _decode(entry_id, raw)
@@ -115,7 +113,7 @@ def requeue(store: Store, entry_id: str, actor: str = "unknown", maxlen: int = A
     """Send an entry back: a subtask to ``waiting`` with a fresh attempt count, a virtual task to ``virtual``, a
     whole report or failure to the list it came from. ``actor`` names who asked, for the audit record."""
     k = store.keys
-    _, entry = _entry(store.redis, k, entry_id)
+    _, entry = _entry(store, entry_id)
     guard = [Guard.hdel(k.dead, entry_id)]
     if isinstance(entry.get("subtask"), dict):
         st = Subtask.from_dict(entry["subtask"], f"dead-letter entry {entry_id}")
@@ -139,26 +137,30 @@ def drop(store: Store, entry_id: str, actor: str = "unknown", maxlen: int = AUDI
     """Delete an entry for good, counting the subtask of a report or failure out of its task (:func:`_counted_out`);
     ``actor`` names who asked, for the audit record.
 
-    The task record is read and written in one transaction that watches it (and the dead-letter list): a change by
-    anyone else in between makes the transaction read again, so a count is never written over a newer record. The
-    entry's removal guards the commit, so an entry is counted out once however many people drop it at once."""
+    One guarded commit, as the control's: the entry's removal (an entry dropped twice at once is counted once) and,
+    when a task record is written, that record as it was read (``hfield_is``: a tick of the control that wrote it
+    in between is never written over). If only the record changed, it is read again and the drop tried again."""
     k = store.keys
-
-    def apply(pipe: Any) -> None:
-        _, entry = _entry(pipe, k, entry_id)
-        writes = [Write.hincrby(k.counters, "dropped"), *_counted_out(pipe, k, entry),
+    for _ in range(DROP_TRIES):
+        _, entry = _entry(store, entry_id)  # gone meanwhile: UnknownEntry
+        guards, writes = _counted_out(store, entry)
+        writes = [Write.hincrby(k.counters, "dropped"), *writes,
                   _audit(store, entry_id, entry, action="drop", actor=actor, to=None)]
-        pipe.multi()
-        store.commit([Guard.hdel(k.dead, entry_id)], writes, pipe=pipe)
+        if store.commit([Guard.hdel(k.dead, entry_id), *guards], writes):
+            _applied(store, entry_id, True, maxlen)
+            return
+    raise InvalidInput(f"dead-letter entry {entry_id!r}: its task record changed {DROP_TRIES} times while it was "
+                       "dropped; nothing was dropped, try again")
 
-    [codes] = store.redis.transaction(apply, k.dead, k.tasks)
-    _applied(store, entry_id, codes[0], maxlen)
+
+#: How many times :func:`drop` reads its task record again when a tick wrote it in between (one a tick at most).
+DROP_TRIES = 20
 
 
-def _counted_out(client: Any, keys: Keys, entry: dict[str, Any]) -> list[Write]:
-    """Writes that count the subtask of a dropped report out of its task, as the control counts out a subtask it
-    dead-letters (``open`` and, for a recalled one, ``retrying`` down by one; the task done if nothing of it is out
-    and every page was given), read with ``client``.
+def _counted_out(store: Store, entry: dict[str, Any]) -> tuple[list[Guard], list[Write]]:
+    """The guard and writes that count the subtask of a dropped report out of its task, as the control counts out a
+    subtask it dead-letters (``open`` and, for a recalled one, ``retrying`` down by one; the task done if nothing of
+    it is out and every page was given): the task record as read must be the one written over.
 
     A report is the ``raw`` of a ``report`` or ``failure`` entry, or of a ``malformed`` one that is a failure report
     the control could not read, kept whole and holding a readable ``subtask``: the control counts none of them out.
@@ -167,15 +169,17 @@ def _counted_out(client: Any, keys: Keys, entry: dict[str, Any]) -> list[Write]:
     either for a task with no readable record, or one that ended."""
     raw = entry.get("raw")
     if entry.get("kind") not in ("report", "failure", "malformed") or entry.get("cut") or not isinstance(raw, str):
-        return []
+        return [], []
     try:  # the report itself may be what was wrong (that is why most are here): its subtask is enough
         sub = loads_object(raw, "report").get("subtask")
         st = Subtask.from_dict(sub if isinstance(sub, dict) else {}, "report.subtask")
-        raw_task = client.hget(keys.tasks, st.task)
+        keys = store.keys
+        raw_task = store.redis.hget(keys.tasks, st.task)
         task = None if raw_task is None else Task.from_json(raw_task)
     except InvalidInput:
-        return []
+        return [], []
     if task is None or task.done:
-        return []
+        return [], []
     task = counted_out(task, st)
-    return [*ended(keys, task), Write.hset(keys.tasks, st.task, task.to_json())]
+    return [Guard.hfield_is(keys.tasks, st.task, raw_task)], [*ended(keys, task),
+                                                              Write.hset(keys.tasks, st.task, task.to_json())]

@@ -15,7 +15,7 @@ from scheduler_ext.exceptions import InvalidInput
 from scheduler_ext.keys import Keys
 from scheduler_ext.models import Report, Subtask, Task
 from scheduler_ext.status import NODE_COUNTS, collect_status
-from scheduler_ext.store import Store
+from scheduler_ext.store import Guard, Store
 from scheduler_ext.strategies.recall import DynamicRecall
 
 
@@ -258,6 +258,25 @@ def test_drop_counts_a_subtask_out_once_and_only_where_the_control_did_not(store
     assert store.redis.hget(k.tasks, "t2") == "not json" and not store.redis.hexists(k.tasks, "gone")
     assert not store.redis.exists(k.dead) and store.redis.hget(k.counters, "dropped") == "6"
     assert not store.redis.hexists(k.counters, "tasks_done")
+
+
+def test_drop_never_writes_over_a_task_record_changed_since_it_read_it(store: Store) -> None:
+    """The drop counts out on the task record it read, under the control's own guard (``hfield_is``): a tick that
+    wrote the record in between is never written over (the drop reads it again), and no WATCH of the whole ``tasks``
+    hash makes every drop on a busy cluster start over."""
+    k = store.keys
+    store.redis.hset(k.tasks, "t1", Task(id="t1", site="a.com", group="milk", open=2, next_page=20,
+                                         total_pages=20).to_json())
+    report = Report(subtask=sub("s2"), node="n1", outcome="failed", reason="HTTP 503").to_json()
+    add(store, "f7", kind="failure", reason="x", attempts=0, at=1.0, raw=report, source=k.failed)
+    entry = json.loads(store.redis.hget(k.dead, "f7"))
+    guards, writes = deadletter._counted_out(store, entry)
+    tick = Task(id="t1", site="a.com", group="milk", open=3, next_page=20, total_pages=20).to_json()
+    store.redis.hset(k.tasks, "t1", tick)  # the control's tick, between the drop's read and its commit
+    assert store.commit([Guard.hdel(k.dead, "f7"), *guards], writes) is False
+    assert store.redis.hget(k.tasks, "t1") == tick and store.redis.hexists(k.dead, "f7")
+    deadletter.drop(store, "f7")  # reads the new record
+    assert Task.from_json(store.redis.hget(k.tasks, "t1")).open == 2 and not store.redis.hexists(k.dead, "f7")
 
 
 # --- status -------------------------------------------------------------------------------------------------
