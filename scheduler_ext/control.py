@@ -94,7 +94,6 @@ class EstimateCache:
         self._site_sums: dict[str, SiteSums] = {}
         self._group_sums: dict[tuple[str, str], dict[str, Sums]] = {}
         self.reads = 0  # hashes or fields read from Redis, for benchmarks and tests
-        self.asked: list[str] = []  # the keys of the last read sent (what a WRONGTYPE error may have come from)
 
     def reset(self) -> None:
         self._sites.clear()
@@ -117,9 +116,8 @@ class EstimateCache:
     def queue_reads(self, fields: Sequence[tuple[str, Any, str]], pipe: Any) -> None:
         """Queue on ``pipe`` the reads of these fields (their rows go to :meth:`update`, in order)."""
         keys = self.store.keys
-        self.asked = [keys.est_site(what) if kind == "s" else keys.est_group_site(*what) for kind, what, _ in fields]
-        for key, (_, _, node) in zip(self.asked, fields, strict=True):
-            pipe.hget(key, node)
+        for kind, what, node in fields:
+            pipe.hget(keys.est_site(what) if kind == "s" else keys.est_group_site(*what), node)
 
     def update(self, fields: Sequence[tuple[str, Any, str]], rows: Sequence[str | None]) -> None:
         """Take in the fields :meth:`changed` named, as read again (``rows``, in the same order)."""
@@ -160,10 +158,11 @@ class EstimateCache:
             groups = [gs for gs, there in zip(groups, exist, strict=True) if there]
         if not sites and not groups:
             return
-        self.asked = [*(keys.est_site(site) for site in sites), *(keys.est_group_site(g, s) for g, s in groups)]
         with self.store.redis.pipeline(transaction=False) as pipe:
-            for key in self.asked:
-                pipe.hgetall(key)
+            for site in sites:
+                pipe.hgetall(keys.est_site(site))
+            for group, site in groups:
+                pipe.hgetall(keys.est_group_site(group, site))
             rows = pipe.execute()
         self.reads += len(rows)
         for site, fields in zip(sites, rows, strict=False):
@@ -1193,12 +1192,12 @@ class Control:
         the keys set aside. Only after a WRONGTYPE error, which does not say which key: a hand ``SET`` on one
         cluster key (``sleeping``, ``waiting``, ``tasks``, ...) or on a node's crawl queue failed every tick until a
         person deleted it. First the deployment's own keys, so that ``node_seen`` and ``nodes`` can name the nodes;
-        then the crawl queue of every node known, and the estimate hashes the tick read last; if none of those is
-        of the wrong type, every key of the deployment (a ``SCAN``: a key of a family the tick reads otherwise)."""
+        then the crawl queue of every node known; if none of those is of the wrong type, every key of the
+        deployment (a ``SCAN``: a site's or a product's estimates, or another key of a family the tick reads)."""
         store, k = self.store, self.keys
         moved = store.set_aside(k.cluster_keys)
         nodes = set(self._slots) | set(store.redis.zrange(k.node_seen, 0, -1)) | set(store.redis.hkeys(k.nodes))
-        moved += store.set_aside([*(k.crawl(n) for n in sorted(nodes)), *self.estimates.asked])
+        moved += store.set_aside([k.crawl(n) for n in sorted(nodes)])
         if not moved:
             moved = store.set_aside_all()
         if not moved:
