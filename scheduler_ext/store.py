@@ -34,6 +34,8 @@ from .strategies.posterior import GROUP_NODES
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
+#: Seconds a key set aside (``garbage:<name>:<time>``) is kept before Redis expires it: a week.
+GARBAGE_KEPT = 7 * 86400
 
 SCRIPTS = ("take", "heartbeat", "finish", "release", "commit", "lead", "resign", "snapshot", "nodes", "ids",
            "aside")
@@ -248,7 +250,7 @@ class Store:
         Called after a WRONGTYPE error only: one pipeline of ``TYPE`` (and the server time), then, for each key found
         wrong, the ``aside`` script, which checks the type again in the same atomic step as the ``RENAME``, so a key
         of the right type is never moved. The key goes to ``garbage:<name>:<Redis time>`` (``Keys.garbage``), kept
-        for a person to look at, and is counted (``count:cluster`` field ``garbage_keys``); a warning names it.
+        for a person to look at for a week (:data:`GARBAGE_KEPT`; then Redis expires it), and is counted (``count:cluster`` field ``garbage_keys``); a warning names it.
         """
         k = self.keys
         # Never ``seq``: one of another type starts above any id it gave (counter.lua), where one set aside would
@@ -269,7 +271,7 @@ class Store:
         moved = []
         for key in wrong:
             aside = k.garbage(key, f"{sec}.{int(usec):06d}")
-            found_kind = self._aside(keys=[key, aside, k.counters], args=[expected[key]])
+            found_kind = self._aside(keys=[key, aside, k.counters], args=[expected[key], GARBAGE_KEPT])
             if found_kind:
                 logger.warning("%s was a %s where a %s belongs (set by hand?): every command on it failed "
                                "(WRONGTYPE); set aside as %s", key, found_kind, expected[key], aside)

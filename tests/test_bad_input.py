@@ -31,7 +31,7 @@ from scheduler_ext.exceptions import InvalidInput
 from scheduler_ext.keys import Keys
 from scheduler_ext.models import Report, Subtask, Task
 from scheduler_ext.status import collect_status
-from scheduler_ext.store import Store, load_script
+from scheduler_ext.store import GARBAGE_KEPT, Store, load_script
 from scheduler_ext.strategies import Allocation, NodeView
 from scheduler_ext.strategies.allocation import DynamicAllocation, SharedAllocation
 from scheduler_ext.strategies.bandit import BanditAllocation
@@ -970,6 +970,7 @@ def test_a_key_of_another_type_is_set_aside_and_the_work_goes_on(store: Store, r
     kept = {"string": lambda: raw.get(aside), "hash": lambda: raw.hget(aside, "x"),
             "list": lambda: raw.lindex(aside, 0)}[kind]()
     assert raw.type(aside) == kind.encode() and kept == b"x"
+    assert GARBAGE_KEPT - 60 < raw.ttl(aside) <= GARBAGE_KEPT  # kept a week, not for ever
     assert store.redis.type(key) in ("none", k.expected_type(key))
     assert store.redis.hget(k.counters, "garbage_keys") == "1"
     assert f"{key} was a {kind} where a {k.expected_type(key)} belongs" in caplog.text

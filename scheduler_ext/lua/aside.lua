@@ -10,6 +10,9 @@ pipeline of TYPE found wrong (Store.set_aside), only after such an error.
   KEYS[3] countersKey  count:cluster: counts garbage_keys
 
   ARGV[1] kind         the type the schema gives the key, as TYPE names it (list, hash, zset, set, string, stream)
+  ARGV[2] keepSeconds  how long the key set aside is kept (then Redis expires it: a person had the warning and the
+                       counter meanwhile, and a deployment whose keys are set by hand again and again does not fill
+                       its Redis with them)
 
 Returns the type the key had if it was set aside; false if it is of its type or gone (checked here, in the same
 atomic step as the rename, so that a key of the right type is never moved), or if asideKey is taken.
@@ -17,12 +20,13 @@ atomic step as the rename, so that a key of the right type is never moved), or i
 --@include counter
 
 local key, asideKey, countersKey = KEYS[1], KEYS[2], KEYS[3]
-local kind = ARGV[1]
+local kind, keepSeconds = ARGV[1], ARGV[2]
 
 local found = redis.call('TYPE', key).ok
 if found == 'none' or found == kind or redis.call('EXISTS', asideKey) == 1 then
   return false
 end
 redis.call('RENAME', key, asideKey)
+redis.call('EXPIRE', asideKey, keepSeconds)
 hincr(countersKey, 'garbage_keys', 1)
 return found
