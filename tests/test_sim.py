@@ -949,6 +949,10 @@ def test_a_parallel_simulated_run_that_fails_stops_the_others_and_names_itself(
     ({"profile": "paper", "sites": 5, "sim": True}, "--sites: only with a generated profile"),
     ({"profile": "generated:drift", "sites": 0, "sim": True}, "--sites: expected 1 .. 10000 sites, got 0"),
     ({"profile": "generated:drift", "nodes": 0, "sim": True}, "--nodes: expected 1 .. 100000 simulated nodes"),
+    # a built-in profile too, before the addresses of a hundred million nodes are made
+    ({"profile": "paper", "nodes": 100_000_000, "sim": True}, "--nodes: expected 1 .. 100000 simulated nodes, got "
+                                                                "100000000"),
+    ({"repeat": 1001, "sim": True}, "--repeat: expected 1 .. 1000 seeds, got 1001"),
     ({"products": 10}, "--products: expected 1 .. 100000 products with --sim"),
     ({"products": 0, "sim": True}, "--products: expected 1 .. 100000 products with --sim (a real run searches the "
                                    "paper's four), got 0"),

@@ -196,6 +196,7 @@ GENERATED = "generated:"  # --profile generated:FAMILY: a world of scheduler_ext
 MAX_SIM_PRODUCTS = 100_000
 MAX_SIM_SITES = 10_000
 MAX_SIM_NODES = 100_000
+MAX_SIM_REPEAT = 1_000
 
 
 def products_for(count: int) -> tuple[dict[str, str], ...]:
@@ -228,8 +229,6 @@ def _load(profile: str, *, sim: bool, nodes: int | None, sites: int | None, dura
                               "needs a built-in profile or a file")
     if sites is not None and not 1 <= sites <= MAX_SIM_SITES:
         raise ExperimentError(f"--sites: expected 1 .. {MAX_SIM_SITES} sites, got {sites}")
-    if nodes is not None and not 1 <= nodes <= MAX_SIM_NODES:
-        raise ExperimentError(f"--nodes: expected 1 .. {MAX_SIM_NODES} simulated nodes, got {nodes}")
     return generated_profile(family, nodes=12 if nodes is None else nodes, sites=8 if sites is None else sites,
                              duration=duration, seed=seed)
 
@@ -257,6 +256,10 @@ def make_options(*, profile: str = "paper", duration: float = 90.0, strategies: 
     if products is not None and (not sim or not 1 <= products <= MAX_SIM_PRODUCTS):
         raise ExperimentError(f"--products: expected 1 .. {MAX_SIM_PRODUCTS} products with --sim (a real run "
                               f"searches the paper's four), got {products}{'' if sim else ' without --sim'}")
+    if sim and nodes is not None and not 1 <= nodes <= MAX_SIM_NODES:  # before a world of them is built
+        raise ExperimentError(f"--nodes: expected 1 .. {MAX_SIM_NODES} simulated nodes, got {nodes}")
+    if sim and not 1 <= repeat <= MAX_SIM_REPEAT:  # every run's record stays in memory until the summary
+        raise ExperimentError(f"--repeat: expected 1 .. {MAX_SIM_REPEAT} seeds, got {repeat}")
     loaded = _load(profile, sim=sim, nodes=nodes, sites=sites, duration=duration, seed=seed)
     if sample_interval is None:
         sample_interval = max(3.0, duration / 100) if sim else 3.0
