@@ -865,6 +865,17 @@ def test_experiment_sim_refuses_repeat_without_sim(tmp_path: Path) -> None:
     assert result.returncode == 2 and "--repeat: expected 1, or more with --sim" in result.stderr
 
 
+def test_experiment_names_an_output_folder_it_cannot_make(tmp_path: Path) -> None:
+    """--out naming a file (or a folder under one) ended in a traceback of ``mkdir``; now one line names it."""
+    taken = tmp_path / "a-file"
+    taken.write_text("kept")
+    result = run_scrapy(["experiment", "--sim", "--duration", "20", "--repeat", "1", "--strategies", "dynamic",
+                         "--out", str(taken)], env={"PATH": "/usr/bin:/bin"}, timeout=120)
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    assert f"--out {taken}: expected a folder the experiment can write its results in" in result.stderr
+    assert taken.read_text() == "kept"
+
+
 def test_experiment_sim_runs_a_generated_cluster_with_many_products(tmp_path: Path) -> None:
     from product_crawl.experiment import make_options, run_experiment
     from product_crawl.experiment.report import console_table

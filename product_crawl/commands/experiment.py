@@ -114,7 +114,12 @@ class Command(ScrapyCommand):
                        f"{options.profile.name!r}, {options.duration:.0f} s each, {len(options.nodes)} nodes x "
                        f"{len(options.sites)} sites x {len(options.products)} products, {options.repeat} seed(s) "
                        f"from {options.seed}, {options.jobs} at once; output in {options.out}")
-            summary, report = run_experiment(options)
+            try:
+                summary, report = run_experiment(options)
+            except ExperimentError as exc:  # a run that failed or was killed; an output folder that cannot be made
+                write_error(str(exc))
+                self.exitcode = 1
+                return
             self._print(summary, options, report)
             return
         services = Services(self.settings)

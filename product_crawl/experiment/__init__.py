@@ -47,8 +47,11 @@ def run_experiment(opts: Options, *, redis_url: str = "", mongo_uri: str = "", p
     from product_crawl.experiment.sim import simulate_all
     from product_crawl.experiment.summary import summarize
 
-    opts.out.mkdir(parents=True, exist_ok=True)
-    (opts.out / "raw").mkdir(exist_ok=True)
+    try:
+        (opts.out / "raw").mkdir(parents=True, exist_ok=True)
+    except OSError as exc:  # a file there, a folder that cannot be written, ...
+        raise ExperimentError(f"--out {opts.out}: expected a folder the experiment can write its results in; "
+                              f"making {exc.filename} failed: {exc.strerror}") from exc
     totals = corpus_totals(opts.profile, opts.sites, opts.seed, opts.products)
     raws: dict[str, dict[str, Any]] = {}
     repeats: dict[str, list[int]] = {}
