@@ -250,7 +250,8 @@ class Store:
         Called after a WRONGTYPE error only: one pipeline of ``TYPE`` (and the server time), then, for each key found
         wrong, the ``aside`` script, which checks the type again in the same atomic step as the ``RENAME``, so a key
         of the right type is never moved. The key goes to ``garbage:<name>:<Redis time>`` (``Keys.garbage``), kept
-        for a person to look at for a week (:data:`GARBAGE_KEPT`; then Redis expires it), and is counted (``count:cluster`` field ``garbage_keys``); a warning names it.
+        for a person to look at for a week (:data:`GARBAGE_KEPT`; then Redis expires it), and is counted
+        (``count:cluster`` field ``garbage_keys``); a warning names it.
         """
         k = self.keys
         # Never ``seq``: one of another type starts above any id it gave (counter.lua), where one set aside would

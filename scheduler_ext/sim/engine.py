@@ -56,7 +56,7 @@ import heapq
 import math
 import random
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from ..config import ready_pages
@@ -206,7 +206,9 @@ class _TaskState:
     task: Task
     total_pages: int
     results: int
-    collected_pages: dict[int, int] = field(default_factory=dict)
+    # page -> the most results one run collected on it (the unique items it gave): a byte a page, made at the task's
+    # first report (a dict of them held gigabytes over a simulated day at 1,000 nodes)
+    collected_pages: bytearray | None = None
 
 
 class Simulation:
@@ -682,11 +684,14 @@ class Simulation:
         state = self.tasks.get(st.task)
         new = 0
         if state is not None:
+            best = state.collected_pages
+            if best is None:
+                best = state.collected_pages = bytearray(state.total_pages)
             for page, got in done.items():
-                old = state.collected_pages.get(page, 0)
+                old = best[page]
                 if got > old:
                     new += got - old
-                    state.collected_pages[page] = got
+                    best[page] = got
         self.unique += new
         self.items_by_node[nid] = self.items_by_node.get(nid, 0) + new
         pair = self.pairs.setdefault(f"{nid}|{st.site}", [0, 0, 0, 0])
