@@ -865,6 +865,23 @@ def test_experiment_sim_refuses_repeat_without_sim(tmp_path: Path) -> None:
     assert result.returncode == 2 and "--repeat: expected 1, or more with --sim" in result.stderr
 
 
+def test_a_long_simulated_run_says_how_long_the_rest_takes_at_its_pace() -> None:
+    import doctest
+
+    from product_crawl.experiment import make_options
+    from product_crawl.experiment import sim as sim_module
+
+    assert doctest.testmod(sim_module).failed == 0
+    opts = make_options(profile="paper", duration=100, sim=True)
+    shown = io.StringIO()
+    sample = {"t": 25.0, "items": 7, "waiting": 3, "tasks_done": 1, "tasks": 20}
+    sim_module._progress(Progress(shown), "dynamic", opts, time.monotonic() - 100, sample)  # a quarter in 100 s
+    assert shown.getvalue().rstrip().endswith("tasks done 1/20  1 min 40 s so far, 5 min 0 s left at this pace")
+    quick = io.StringIO()
+    sim_module._progress(Progress(quick), "dynamic", opts, time.monotonic(), sample)  # nothing to say yet
+    assert quick.getvalue().rstrip().endswith("tasks done 1/20")
+
+
 def test_experiment_names_an_output_folder_it_cannot_make(tmp_path: Path) -> None:
     """--out naming a file (or a folder under one) ended in a traceback of ``mkdir``; now one line names it."""
     taken = tmp_path / "a-file"

@@ -169,7 +169,7 @@ def simulate_configuration(name: str, opts: Options, *, model: NodeModel | None 
                      sample_interval=opts.sample_interval, heartbeat=config.heartbeat_interval,
                      seed=seed, pair_samples=len(nodes) * len(opts.sites) <= 10_000,
                      on_sample=None if progress is None else functools.partial(_progress, progress, label or name,
-                                                                               opts))
+                                                                               opts, time.monotonic()))
     started = time.monotonic()
     raw = sim.run()
     if progress is not None:
@@ -287,10 +287,29 @@ def _run_forked(runs: list[tuple[str, int, str]], opts: Options, totals: dict[st
         channel.close()
 
 
-def _progress(progress: Progress, label: str, opts: Options, sample: dict[str, Any]) -> None:
-    """The status line of a simulated run at each sample: a long one (a day at a thousand nodes) shows where it is."""
-    progress.update(f"[{label}] {sample['t']:.0f}/{opts.duration:.0f} simulated s  items {sample['items']}  "
-                    f"waiting {sample['waiting']}  tasks done {sample['tasks_done']}/{sample['tasks']}")
+def _progress(progress: Progress, label: str, opts: Options, started: float, sample: dict[str, Any]) -> None:
+    """The status line of a simulated run at each sample: a long one (a day at a thousand nodes) shows where it is,
+    and how long the rest takes at the pace so far (a simulated second costs more as a large run goes on, so the
+    estimate is low, never high, by a fraction that shrinks as the run nears its end)."""
+    t, elapsed = sample["t"], time.monotonic() - started
+    pace = (f"  {span(elapsed)} so far, {span(elapsed * (opts.duration - t) / t)} left at this pace"
+            if 0 < t < opts.duration and elapsed >= 10 else "")
+    progress.update(f"[{label}] {t:.0f}/{opts.duration:.0f} simulated s  items {sample['items']}  "
+                    f"waiting {sample['waiting']}  tasks done {sample['tasks_done']}/{sample['tasks']}{pace}")
+
+
+def span(seconds: float) -> str:
+    """A duration as a person reads it on a status line.
+
+    >>> span(42.4), span(125), span(7384)
+    ('42 s', '2 min 5 s', '2 h 3 min')
+    """
+    seconds = round(seconds)
+    if seconds < 60:
+        return f"{seconds} s"
+    if seconds < 3600:
+        return f"{seconds // 60} min {seconds % 60} s"
+    return f"{seconds // 3600} h {seconds % 3600 // 60} min"
 
 
 def best_possible(opts: Options, totals: dict[str, dict[str, int]], *, assignments: bool = False,
