@@ -289,8 +289,8 @@ def _run_forked(runs: list[tuple[str, int, str]], opts: Options, totals: dict[st
 
 def _progress(progress: Progress, label: str, opts: Options, started: float, sample: dict[str, Any]) -> None:
     """The status line of a simulated run at each sample: a long one (a day at a thousand nodes) shows where it is,
-    and how long the rest takes at the pace so far (a simulated second costs more as a large run goes on, so the
-    estimate is low, never high, by a fraction that shrinks as the run nears its end)."""
+    and how long the rest takes at the pace so far (a simulated second of a large run mostly costs more as the run
+    goes on, so the estimate is mostly low, less so as the run nears its end)."""
     t, elapsed = sample["t"], time.monotonic() - started
     pace = (f"  {span(elapsed)} so far, {span(elapsed * (opts.duration - t) / t)} left at this pace"
             if 0 < t < opts.duration and elapsed >= 10 else "")
