@@ -152,6 +152,7 @@ class Config:
     lease_ttl: float = 60.0
     node_timeout: float = 60.0
     recall_max: int = 5
+    recall_reset: bool = True
     retry_backoff: float = 2.0
     # estimates and strategies
     estimate_alpha: float = 0.3
@@ -234,6 +235,7 @@ class Config:
             max_split=_number(s, "SCHEDEXT_MAX_SPLIT", int, low=1),
             recall_age=recall_age, lease_ttl=lease_ttl, node_timeout=node_timeout,
             recall_max=_number(s, "SCHEDEXT_RECALL_MAX", int, low=1),
+            recall_reset=_flag(s, "SCHEDEXT_RECALL_RESET"),
             retry_backoff=_seconds(s, "SCHEDEXT_RETRY_BACKOFF", zero_ok=True),
             estimate_alpha=_number(s, "SCHEDEXT_ESTIMATE_ALPHA", float, low=0.0, low_open=True, high=1.0),
             explore_runs=_number(s, "SCHEDEXT_EXPLORE_RUNS", int, low=0),

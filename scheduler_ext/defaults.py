@@ -55,6 +55,7 @@ DEFAULTS: dict[str, Any] = {
     "SCHEDEXT_LEASE_TTL": None,  # seconds a lease lasts after its last renewal; default the recall age
     "SCHEDEXT_NODE_TIMEOUT": None,  # seconds without heartbeat before a node is dead; default the recall age
     "SCHEDEXT_RECALL_MAX": 5,  # recalls before a subtask goes to the dead-letter list
+    "SCHEDEXT_RECALL_RESET": True,  # a failed run that crawled pages starts the count over (False: the paper's)
     "SCHEDEXT_RETRY_BACKOFF": 2.0,  # seconds; a subtask's 2nd recall waits this long before it runs again, doubling
     # --- estimates and strategies ------------------------------------------------------------------------
     "SCHEDEXT_ESTIMATE_ALPHA": 0.3,  # weight of the newest run in the moving estimates (0..1]

@@ -73,7 +73,7 @@ class Subtask:
     group: str = ""
     type: int = 0
     priority: float = 0.0
-    attempt: int = 0
+    attempt: int = 0  # recalls (since it last moved on, with SCHEDEXT_RECALL_RESET: a failed run that crawled pages)
     avoid: list[str] = field(default_factory=list)
     prev_node: str | None = None
     node: str | None = None

@@ -149,6 +149,40 @@ def test_failure_is_recalled_avoiding_the_node_then_dead_lettered_at_the_maximum
     assert store.redis.zcard(k.waiting) == 0 and not store.redis.hexists(k.subtasks, st.id)
 
 
+@pytest.mark.parametrize(("reset", "runs", "seen", "dead_at"), [
+    # SCHEDEXT_RECALL_RESET (the default): only the runs that crawl nothing count
+    (True, (0, 1, 0, 1, 0, 0), [(0, 0), (0, 1), (1, 1), (1, 2), (2, 1), (2, 2)], 2),
+    # the paper's count (the experiment's paper configuration): every recall counts
+    (False, (0, 1, 0), [(0, 0), (0, 1), (1, 2)], 1),
+])
+def test_a_failed_run_that_crawled_pages_starts_its_count_of_recalls_over(
+        store: Store, reset: bool, runs: tuple[int, ...], seen: list[tuple[int, int]], dead_at: int) -> None:
+    """Runs on nodes answered with captchas now and then crawl a page, then fail: the subtask moves on with each, so
+    it is not stuck, and only the runs that crawl nothing count towards ``SCHEDEXT_RECALL_MAX`` (before, three such
+    runs in a row dead-lettered it, and its task stopped, with pages crawled at each)."""
+    inject(store, {"name": "p", "sites": ["a.com"]})
+    for n in ("n1", "n2"):
+        store.heartbeat(n, NODE_INFO, 30, [])
+    control = make_control(store, recall=DynamicRecall(threshold=30, max_recalls=3, backoff=0.0, reset=reset))
+    k = store.keys
+    control.tick()
+    taken = []
+    for crawled in runs:  # pages each run crawls before its block page
+        node = next(n for n in ("n1", "n2") if store.redis.llen(k.crawl(n)))
+        st, token, started = take(store, node)
+        taken.append((st.first_page, st.attempt))
+        report = Report(subtask=st, node=node, outcome="failed", reason="blocked: a verification page", reported=200,
+                        offered=10 * crawled, collected=10 * crawled, pages=crawled,
+                        next_page=st.first_page + crawled, total_pages=20, started=started, ended=store.now())
+        assert store.finish(st.id, token, report.to_json(), node=node, site=st.site, group=st.group,
+                            offered=report.offered, collected=report.collected, pages=crawled, seconds=1.0, ok=False,
+                            alpha=0.3, runs_maxlen=100)
+        control.tick()
+    assert taken == seen
+    [entry] = [json.loads(v) for v in store.redis.hvals(k.dead)]  # the third counted run
+    assert entry["attempts"] == 3 and entry["subtask"]["first_page"] == dead_at
+
+
 def test_lapsed_lease_is_recalled_once_even_with_two_controls(store: Store) -> None:
     inject(store, {"name": "p", "sites": ["a.com"]})
     store.heartbeat("n1", NODE_INFO, 30, [])

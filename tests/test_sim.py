@@ -865,6 +865,17 @@ def test_experiment_sim_refuses_repeat_without_sim(tmp_path: Path) -> None:
     assert result.returncode == 2 and "--repeat: expected 1, or more with --sim" in result.stderr
 
 
+def test_the_paper_configuration_counts_every_recall_and_the_default_only_runs_that_crawl_nothing() -> None:
+    from product_crawl.experiment import CONFIGURATIONS
+    from product_crawl.experiment.sim import build_strategies
+    from product_crawl.simweb.profile import load_profile
+
+    recalls = {name: build_strategies(CONFIGURATIONS[name][1], load_profile("paper"))[2] for name in ("dynamic",
+                                                                                                     "paper")}
+    assert recalls["dynamic"].reset is True and recalls["paper"].reset is False  # the paper: 5 recalls, any kind
+    assert CONFIGS["paper"](0)[2].reset is False and CONFIGS["bandit"](0)[2].reset is True
+
+
 def test_a_long_simulated_run_says_how_long_the_rest_takes_at_its_pace() -> None:
     import doctest
 

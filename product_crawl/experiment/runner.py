@@ -63,9 +63,11 @@ CONFIGURATIONS: dict[str, tuple[str, dict[str, str]]] = {
                         {"SCHEDEXT_MODIFICATION": _MOD + "FixedModification"}),
     "no_recall": ("dynamic with recall switched to its baseline (none)",
                   {"SCHEDEXT_RECALL": _RECALL + "NoRecall"}),
-    "paper": ("the paper's dynamic allocation (moving averages, staleness timer), dynamic modification and recall",
+    "paper": ("the paper's dynamic allocation (moving averages, staleness timer), dynamic modification and recall "
+              "(every recall counts)",
               {"SCHEDEXT_ALLOCATION": _ALLOC + "DynamicAllocation",
-               "SCHEDEXT_MODIFICATION": _MOD + "DynamicModification"}),
+               "SCHEDEXT_MODIFICATION": _MOD + "DynamicModification",
+               "SCHEDEXT_RECALL_RESET": "False"}),
     "bandit": ("bandit allocation (posteriors with uncertainty, Thompson exploration on a budget), the paper's "
                "modification and recall", {"SCHEDEXT_ALLOCATION": _BANDIT + "BanditAllocation"}),
 }

@@ -22,7 +22,7 @@ STALE = 60.0
 
 def _paper(seed: int, recall_age: float = RECALL_AGE, patience: float = PATIENCE) -> tuple[Any, Any, Any]:
     return (DynamicAllocation(stale_after=STALE, patience=patience, explore_timeout=recall_age),
-            DynamicModification(recall_threshold=recall_age), DynamicRecall(recall_age))
+            DynamicModification(recall_threshold=recall_age), DynamicRecall(recall_age, reset=False))
 
 
 def _bandit(seed: int, recall_age: float = RECALL_AGE, patience: float = PATIENCE) -> tuple[Any, Any, Any]:

@@ -117,6 +117,11 @@ class Recall(abc.ABC):
 
     threshold: float
     max_recalls: int
+    #: True: a failed run that crawled pages before it failed moved its subtask on, and the control judges it, and
+    #: requeues it, as a subtask never recalled (``attempt`` 0, then 1): only runs that crawl nothing, and recalls
+    #: without a report, count towards ``max_recalls``. False (the default of a strategy that does not say): every
+    #: recall counts, as in the paper.
+    reset: bool = False
 
     @abc.abstractmethod
     def decide(self, subtask: Subtask, node: str | None, reason: str, *, failed: bool) -> RecallDecision:
