@@ -42,7 +42,7 @@ _BANDIT = "scheduler_ext.strategies.bandit."
 #: Configuration name -> (what it is, the strategy settings it sets on nodes and control).
 CONFIGURATIONS: dict[str, tuple[str, dict[str, str]]] = {
     "dynamic": ("the defaults: bandit allocation, the paper's modification on completion relative to the site's "
-                "best, the paper's recall", {}),
+                "best, the paper's recall (a failed run that crawled pages starts the count over)", {}),
     "shared": ("one shared FIFO queue, fixed subtask size, no recall (what scrapy-redis does)",
                {"SCHEDEXT_ALLOCATION": _ALLOC + "SharedAllocation",
                 "SCHEDEXT_MODIFICATION": _MOD + "FixedModification",
@@ -69,7 +69,7 @@ CONFIGURATIONS: dict[str, tuple[str, dict[str, str]]] = {
                "SCHEDEXT_MODIFICATION": _MOD + "DynamicModification",
                "SCHEDEXT_RECALL_RESET": "False"}),
     "bandit": ("bandit allocation (posteriors with uncertainty, Thompson exploration on a budget), the paper's "
-               "modification and recall", {"SCHEDEXT_ALLOCATION": _BANDIT + "BanditAllocation"}),
+               "modification and the default recall", {"SCHEDEXT_ALLOCATION": _BANDIT + "BanditAllocation"}),
 }
 DEFAULT_CONFIGURATIONS = ("dynamic", "shared", "round_robin", "oracle")
 ABLATIONS = {"allocation": "no_allocation", "modification": "no_modification", "recall": "no_recall"}
