@@ -850,20 +850,22 @@ class _Decider:
         if "malformed" in st.payload:  # the node could not read it: no retry can help, a person must look
             return Decision("recall", [e.guard], self._recall_writes(st, report.node, reason, RecallDecision.DEAD),
                             subject=st.id, dead=1)
-        # A run that crawled pages before it failed moved its subtask on: it is not stuck, and where the recall
-        # strategy says so (``Recall.reset``, SCHEDEXT_RECALL_RESET) its count of recalls starts over, so that work
-        # crawled a few pages at a time by nodes answered with captchas now and then is not dead-lettered for it.
-        moved_on = report.pages > 0 and getattr(self.strat.recall, "reset", False) is True
-        judged = replace(st, attempt=0) if moved_on and st.attempt else st
-        decision = self.strat.recall.decide(judged, report.node, report.reason, failed=True)
-        dry = decision is RecallDecision.REQUEUE and self._dry(st.site, report.node)  # before its pages wait again
         end, resume = st.first_page + st.page_limit, self._resumed(report)
         if st.rest:  # the pages after the slice were not crawled: the recalled part runs to its rest's end
             resume = end
+        # Pages of the slice were crawled: only the part between them is recalled, smaller than the slice.
+        shrinks = report.next_page < end and (st.first_page < report.next_page or resume < end)
+        # Such a run moved its subtask on: it is not stuck, and where the recall strategy says so (``Recall.reset``,
+        # SCHEDEXT_RECALL_RESET) its count of recalls starts over, so that work crawled a few pages at a time by
+        # nodes answered with captchas now and then is not dead-lettered for it. (Each such recall is smaller than
+        # the last: a subtask starts over at most as many times as it has pages.)
+        moved_on = shrinks and getattr(self.strat.recall, "reset", False) is True
+        judged = replace(st, attempt=0) if moved_on and st.attempt else st
+        decision = self.strat.recall.decide(judged, report.node, report.reason, failed=True)
+        dry = decision is RecallDecision.REQUEUE and self._dry(st.site, report.node)  # before its pages wait again
         if decision is RecallDecision.ABANDON:
             writes = self._advance(report, abandoned=True)
-        elif decision is RecallDecision.REQUEUE and report.next_page < end and (st.first_page < report.next_page
-                                                                               or resume < end):
+        elif decision is RecallDecision.REQUEUE and shrinks:
             # The pages before the failure were crawled and stored, and so were those in flight with it to the
             # slice's end: recall only the pages between, and let the task go on after the slice.
             rest = replace(judged, first_page=report.next_page, page_limit=resume - report.next_page)

@@ -183,6 +183,28 @@ def test_a_failed_run_that_crawled_pages_starts_its_count_of_recalls_over(
     assert entry["attempts"] == 3 and entry["subtask"]["first_page"] == dead_at
 
 
+def test_a_failed_run_that_claims_pages_but_moved_nothing_on_counts(store: Store) -> None:
+    """A report of pages crawled whose next page is still the slice's first (a node's bug, or a lie) recalls the
+    whole slice: no smaller than before, so it counts, and such a subtask cannot go round for ever."""
+    inject(store, {"name": "p", "sites": ["a.com"]})
+    store.heartbeat("n1", NODE_INFO, 30, [])
+    control = make_control(store, recall=DynamicRecall(threshold=30, max_recalls=3, backoff=0.0))
+    control.tick()
+    attempts = []
+    for _ in range(3):
+        st, token, started = take(store, "n1")
+        attempts.append(st.attempt)
+        report = Report(subtask=st, node="n1", outcome="failed", reason="HTTP 503", reported=200, offered=10,
+                        collected=10, pages=1, next_page=st.first_page, total_pages=20, started=started,
+                        ended=store.now())
+        assert store.finish(st.id, token, report.to_json(), node="n1", site=st.site, group=st.group, offered=10,
+                            collected=10, pages=1, seconds=1.0, ok=False, alpha=0.3, runs_maxlen=100)
+        control.tick()
+    assert attempts == [0, 1, 2]
+    [entry] = [json.loads(v) for v in store.redis.hvals(store.keys.dead)]
+    assert entry["attempts"] == 3
+
+
 def test_lapsed_lease_is_recalled_once_even_with_two_controls(store: Store) -> None:
     inject(store, {"name": "p", "sites": ["a.com"]})
     store.heartbeat("n1", NODE_INFO, 30, [])
