@@ -7,10 +7,10 @@ The recall that brings the count to ``SCHEDEXT_RECALL_MAX`` sends it to the dead
 runs at most ``SCHEDEXT_RECALL_MAX`` times without moving on; the paper: "recalled 5 times, then manual handling").
 With ``SCHEDEXT_RECALL_RESET`` (the default; ``reset``) a failed run that crawled pages before it failed starts the
 count over: the subtask moved on, it is not stuck (the control does it, ``Recall.reset``); without it every recall
-counts, as in the paper. A subtask recalled
-once may run again at once; from its second recall on it waits ``SCHEDEXT_RETRY_BACKOFF`` (2 s), doubling with each
-recall (2, 4, 8 s ...: at most the recall age), so that its five runs span a site's passing trouble (a burst of
-errors, a node restarting) instead of failing five times within a second.
+counts, as in the paper. A subtask recalled once may run again at once; from its second recall on it waits
+``SCHEDEXT_RETRY_BACKOFF`` (2 s), doubling with each recall (2, 4, 8 s ...: at most the recall age), so that its
+five runs span a site's passing trouble (a burst of errors, a node restarting) instead of failing five times
+within a second.
 
 :class:`NoRecall` (baseline): nothing is recalled. A failed subtask's pages are given up (its task goes on after
 them) and a lapsed lease or a stuck queue entry stays where it is, as in a crawler without recall.
