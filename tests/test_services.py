@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import os
 import socket
+import subprocess
+import sys
 from pathlib import Path
 
-from conftest import run_scrapy
+import pytest
+from conftest import PROJECT, run_scrapy
+from scrapy.settings import Settings
 
 from product_crawl import services
 
@@ -110,3 +114,63 @@ def test_a_started_redis_rewrites_an_append_only_file_that_outgrew_its_data(tmp_
         client.close()
         proc.terminate()
         proc.wait(10)
+
+
+def _holder(base: Path, prefix: str) -> subprocess.Popen[str]:
+    """Another process that holds ``prefix``'s claim in ``base``, as a running demo or experiment does."""
+    code = ("import sys, time; from scrapy.settings import Settings; from product_crawl.services import Services; "
+            f"Services(Settings({{'PC_SERVICES_DIR': {str(base)!r}}})).claim({prefix!r}, 'scrapy experiment'); "
+            "print('held', flush=True); time.sleep(600)")
+    proc = subprocess.Popen([sys.executable, "-c", code], cwd=PROJECT, stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None and proc.stdout.readline().strip() == "held"
+    return proc
+
+
+@pytest.mark.parametrize(("command", "prefix"), [
+    (["experiment", "--profile", "paper", "--strategies", "dynamic", "--duration", "30"], "{exp}"),
+    (["demo", "--duration", "30"], "{demo}"),
+])
+def test_a_second_cluster_on_one_prefix_is_refused_before_it_starts_anything(
+        tmp_path: Path, command: list[str], prefix: str) -> None:
+    # Two experiments (or demos) at once reset and read each other's keys and database; the first one's end stopped
+    # the services under the second, which ended in a Redis traceback.
+    rport, mport = services.free_port(), services.free_port()
+    holder = _holder(tmp_path / "var", prefix)
+    try:
+        refused = run_scrapy([*command, *_embedded(rport, mport)], _env(tmp_path), timeout=60)
+        assert refused.returncode == 1, refused.stdout + refused.stderr
+        assert f"scrapy experiment (pid {holder.pid}) is running on the Redis key prefix {prefix!r}" in refused.stderr
+        assert "Traceback" not in refused.stderr
+        assert not services.redis_answers(f"redis://127.0.0.1:{rport}/0")  # nothing was started
+        assert not services.mongo_answers(f"mongodb://127.0.0.1:{mport}")
+        other = services.Services(Settings({"PC_SERVICES_DIR": str(tmp_path / "var")}))
+        other.claim(prefix + "2", "scrapy experiment")  # another prefix is free
+        with pytest.raises(services.ServiceError, match="wait for it to end"):
+            other.claim(prefix, "scrapy experiment")
+    finally:
+        holder.kill()  # kill -9: the kernel drops its lock with it
+        holder.wait(10)
+    services.Services(Settings({"PC_SERVICES_DIR": str(tmp_path / "var")})).claim(prefix, "scrapy experiment")
+
+
+def test_services_a_command_started_keep_running_while_another_command_uses_them(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("REDIS_URL", raising=False)
+    monkeypatch.delenv("MONGO_URI", raising=False)
+    rport, mport = services.free_port(), services.free_port()
+    settings = Settings({"PC_SERVICES_DIR": str(tmp_path / "var"),
+                         "PC_EMBEDDED_REDIS_URL": f"redis://127.0.0.1:{rport}/0",
+                         "PC_EMBEDDED_MONGO_URI": f"mongodb://127.0.0.1:{mport}"})
+    first, second = services.Services(settings), services.Services(settings)
+    try:
+        assert [s.detail for s in first.start()] == ["started", "started"]
+        assert [s.detail for s in second.start()] == ["already answering", "already answering"]
+        assert first.stop_unless_used() is None  # the second still uses them
+        assert services.redis_answers(first.redis_url) and services.mongo_answers(first.mongo_uri)
+        second.close()  # the second command ended
+        stopped = first.stop_unless_used()
+        assert stopped is not None and len(stopped) == 2
+        assert not services.redis_answers(first.redis_url) and not services.mongo_answers(first.mongo_uri)
+    finally:
+        first.close()
+        first.stop()

@@ -30,6 +30,7 @@ from product_crawl.services import DEFAULT_MONGO_URI, ServiceError, Services, ma
 
 PRODUCTS: list[dict[str, Any]] = [{"name": "光明高钙牛奶"}, {"name": "特仑苏", "brand": "蒙牛"}, {"name": "蒙牛早餐奶"},
                                   {"name": "雀巢中老年奶粉"}]
+PREFIX = "{demo}"  # the demo's Redis key prefix (and, product_crawl_demo, its database)
 SITES = ["12315.com", "315tousu.org", "t.163.com", "cca.org.cn", "weibo.com"]
 # Shorter intervals than production so that two minutes show every mechanism (documented in docs/settings.md).
 DEMO_SETTINGS = {"SCHEDEXT_HEARTBEAT_INTERVAL": 2, "SCHEDEXT_RECALL_THRESHOLD": 20, "SCHEDEXT_TICK_INTERVAL": 0.5,
@@ -75,6 +76,7 @@ class Command(ScrapyCommand):
             return
         services = Services(self.settings)
         try:
+            services.claim(PREFIX, "scrapy demo")
             states = services.start()
         except ServiceError as exc:
             write_error(str(exc))
@@ -88,7 +90,9 @@ class Command(ScrapyCommand):
             self._run(services, out, opts.duration, opts.dashboard_port)
         finally:
             if started_here:
-                write_line("stopping the services the demo started: " + ", ".join(services.stop()))
+                stopped = services.stop_unless_used()
+                write_line("leaving the services the demo started running: another command uses them"
+                           if stopped is None else "stopping the services the demo started: " + ", ".join(stopped))
 
     def _start_dashboard(self, cluster: LocalCluster, out: Path, port: int) -> None:
         """``scrapy dashboard`` on the demo's prefix and database, stopped with the cluster's processes."""
@@ -109,7 +113,7 @@ class Command(ScrapyCommand):
 
     def _run(self, services: Services, out: Path, duration: float, dashboard_port: int) -> None:
         cluster = LocalCluster(redis_url=services.redis_url, mongo_uri=services.mongo_uri or DEFAULT_MONGO_URI,
-                               mongo_db="product_crawl_demo", prefix="{demo}", log_dir=out / "logs",
+                               mongo_db="product_crawl_demo", prefix=PREFIX, log_dir=out / "logs",
                                settings=dict(DEMO_SETTINGS))
         with cluster:
             cluster.reset()

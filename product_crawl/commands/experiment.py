@@ -124,6 +124,7 @@ class Command(ScrapyCommand):
             return
         services = Services(self.settings)
         try:
+            services.claim(options.prefix, "scrapy experiment")  # before anything starts: a refusal changes nothing
             started_here = any(state.detail == "started" for state in services.start())
         except ServiceError as exc:
             write_error(str(exc))
@@ -145,8 +146,8 @@ class Command(ScrapyCommand):
             return
         finally:
             signal.signal(signal.SIGTERM, previous)
-            if started_here:  # like the demo: leave running only what was running before
-                services.stop()
+            if started_here and services.stop_unless_used() is None:  # like the demo: leave running only what was
+                write_line("leaving Redis and MongoDB running: another command uses them")  # running before
         self._print(summary, options, report)
 
     @staticmethod
