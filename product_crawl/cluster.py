@@ -20,6 +20,7 @@ from typing import Any
 import pymongo
 import redis
 
+from product_crawl.services import tied_to_parent
 from product_crawl.simweb.server import SimWebProcess
 from product_crawl.tasks import parse_virtual_task
 from scheduler_ext.config import Config
@@ -101,7 +102,7 @@ class LocalCluster:
                    SCRAPY_SETTINGS_MODULE="product_crawl.settings", PYTHONUNBUFFERED="1")
         with open(self.log_dir / f"{name}.log", "ab") as log:
             proc = subprocess.Popen(self._argv(spider, extra), cwd=PROJECT_DIR, env=env, stdout=log,
-                                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+                                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, preexec_fn=tied_to_parent())
         self.procs[name] = proc
         return proc
 

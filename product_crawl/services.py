@@ -26,7 +26,9 @@ same way the command does, on free ports in a temporary folder.
 from __future__ import annotations
 
 import argparse
+import ctypes
 import fcntl
+import functools
 import hashlib
 import logging
 import os
@@ -310,6 +312,34 @@ def nx_27017_binary() -> str:
 
 
 # --- starting and stopping ---------------------------------------------------------------------------------
+
+_PR_SET_PDEATHSIG = 1  # prctl(2): the signal the calling process gets when its parent dies
+
+
+@functools.cache
+def _libc() -> Any:
+    return ctypes.CDLL(None, use_errno=True)
+
+
+def die_with(parent: int) -> None:
+    """In a child process of ``parent``: be sent SIGTERM (a graceful stop, as its parent's own stop would ask) when
+    the parent dies, however it dies (``kill -9`` included), and exit at once if it is dead already. Linux only
+    (``prctl(PR_SET_PDEATHSIG)``); elsewhere nothing. The kernel sends it when the *thread* that started the child
+    ends: start such children from the main thread."""
+    if not sys.platform.startswith("linux"):
+        return
+    _libc().prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+    if os.getppid() != parent:  # died before the line above: nothing will send the signal
+        os._exit(1)
+
+
+def tied_to_parent() -> Callable[[], None]:
+    """The ``preexec_fn`` of a child that must not outlive this process (:func:`die_with`): a cluster's nodes, its
+    control, the simulated web, the dashboard the demo starts. Before, a ``scrapy experiment`` killed with
+    ``kill -9`` left them crawling on its Redis prefix for ever. Servers are started otherwise: they outlive the
+    command on purpose (:func:`_spawn`)."""
+    _libc()  # loaded here, not between fork and exec
+    return functools.partial(die_with, os.getpid())
 
 
 def _spawn(argv: list[str], log: Path) -> subprocess.Popen[bytes]:

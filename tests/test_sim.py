@@ -979,6 +979,36 @@ def test_a_parallel_simulated_run_that_fails_stops_the_others_and_names_itself(
     assert not [p for p in multiprocessing.active_children() if p.name.startswith("sim ")]
 
 
+def test_the_runs_of_a_killed_simulated_experiment_stop_with_it(tmp_path: Path) -> None:
+    # kill -9 (or the out-of-memory killer) of the command: its forked runs used to simulate on to their end.
+    import subprocess
+    import sys
+
+    import psutil
+    from conftest import PROJECT
+
+    proc = subprocess.Popen([sys.executable, "-m", "scrapy", "experiment", "--sim", "--profile", "generated:drift",
+                             "--nodes", "1000", "--duration", "7200", "--strategies", "dynamic", "--repeat", "2",
+                             "--jobs", "2", "--out", str(tmp_path / "out")], cwd=PROJECT, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    runs: list[psutil.Process] = []
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and len(runs) < 2 and proc.poll() is None:
+            runs = [c for c in psutil.Process(proc.pid).children() if c.cmdline() == psutil.Process(proc.pid).cmdline()]
+            time.sleep(0.2)
+        assert len(runs) == 2, proc.poll()
+        proc.kill()
+        proc.wait(10)
+        gone, alive = psutil.wait_procs(runs, timeout=30)
+        assert alive == []
+    finally:
+        proc.kill()
+        for run in runs:
+            if run.is_running():
+                run.kill()
+
+
 @pytest.mark.parametrize(("options", "message"), [
     ({"jobs": 2}, "--jobs: expected 1, or more with --sim (a real run's configurations share the machine and its "
                   "services, one at a time), got 2"),

@@ -47,7 +47,7 @@ from zope.interface import implementer
 
 from product_crawl.dashboard.auth import Auth, Refused
 from product_crawl.dashboard.data import EXPORT_FORMATS, DashboardData, DataUnavailable
-from product_crawl.services import stop_pid
+from product_crawl.services import stop_pid, tied_to_parent
 from scheduler_ext.deadletter import UnknownEntry
 from scheduler_ext.exceptions import InvalidInput
 from scheduler_ext.status import finite
@@ -453,7 +453,8 @@ class DashboardProcess:
     def start(self) -> str:
         stderr: Any = open(self.log, "ab") if self.log else subprocess.DEVNULL  # noqa: SIM115 (owned by Popen)
         self.proc = subprocess.Popen([sys.executable, "-m", "scrapy", "dashboard", *self.args], cwd=self.cwd,
-                                     env=self.env, stdout=subprocess.PIPE, stderr=stderr, stdin=subprocess.DEVNULL)
+                                     env=self.env, stdout=subprocess.PIPE, stderr=stderr, stdin=subprocess.DEVNULL,
+                                     preexec_fn=tied_to_parent())
         if self.log:
             stderr.close()
         assert self.proc.stdout is not None

@@ -41,6 +41,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from product_crawl.services import tied_to_parent
+
 ROOT = Path(__file__).resolve().parents[2]
 SCRAPY = str(Path(sys.executable).parent / "scrapy")
 #: The cheapest crawler's workload: 8 products x the paper profile's 5 sites, Baidu engine.
@@ -196,7 +198,7 @@ def plain_crawler(web_url: str, entries: list[dict[str, Any]], pages: Path, addr
          f"PC_ENGINE_BASE_URLS={json.dumps({'baidu': web_url, 'weibo': web_url})}",
          "-s", f"PC_PLAIN_PAGES={pages}", "-s", f"DOWNLOAD_BIND_ADDRESS={address}",
          "-s", f"CONCURRENT_ITEMS={NODE_CONCURRENT_ITEMS}"],
-        cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+        cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, preexec_fn=tied_to_parent())
 
 
 def stop(procs: list[subprocess.Popen[bytes]]) -> None:

@@ -32,6 +32,7 @@ from product_crawl.experiment.runner import (
     corpus_totals,
 )
 from product_crawl.oracle import OracleAllocation
+from product_crawl.services import die_with
 from product_crawl.simweb.profile import Profile, Rule, parse_profile, phase_times
 from scheduler_ext.config import Config
 from scheduler_ext.sim import Behaviour, NodeModel, SimNode, Simulation, TaskSpec
@@ -226,8 +227,9 @@ class _Relay(Progress):
 
 
 def _forked_run(channel: Any, index: int, name: str, seed: int, label: str, opts: Options,
-                totals: dict[str, dict[str, int]] | None) -> None:
+                totals: dict[str, dict[str, int]] | None, parent: int) -> None:
     """One run in a forked process: its record (or the error that stopped it) goes to the parent."""
+    die_with(parent)  # a run whose command was killed stops too, instead of simulating to its end
     try:
         raw = simulate_configuration(name, opts, seed=seed, progress=_Relay(channel, index), label=label,
                                      totals=totals)
@@ -250,7 +252,8 @@ def _run_forked(runs: list[tuple[str, int, str]], opts: Options, totals: dict[st
         while todo or alive:
             while todo and len(alive) < jobs:
                 index, (name, seed, label) = todo.pop(0)
-                alive[index] = ctx.Process(target=_forked_run, args=(channel, index, name, seed, label, opts, totals),
+                alive[index] = ctx.Process(target=_forked_run, args=(channel, index, name, seed, label, opts, totals,
+                                                 os.getpid()),
                                            name=f"sim {label}", daemon=True)
                 alive[index].start()
             for index, proc in alive.items():  # a run sends its record before it ends: exit code 0 or killed

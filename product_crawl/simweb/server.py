@@ -46,7 +46,7 @@ from twisted.internet.interfaces import IListeningPort
 from twisted.web.resource import Resource
 from twisted.web.server import NOT_DONE_YET, Request, Site
 
-from product_crawl.services import tcp_port
+from product_crawl.services import tcp_port, tied_to_parent
 from product_crawl.simweb.corpus import Document, corpus_size, document, is_served, parse_query
 from product_crawl.simweb.profile import Behaviour, Profile, ProfileError, load_profile, normalize_address
 
@@ -577,7 +577,8 @@ class SimWebProcess:
     def start(self) -> str:
         """Start the server and return its URL once it listens."""
         self._stderr = tempfile.TemporaryFile()
-        self.proc = subprocess.Popen(self.argv, stdout=subprocess.PIPE, stderr=self._stderr)
+        self.proc = subprocess.Popen(self.argv, stdout=subprocess.PIPE, stderr=self._stderr,
+                                     preexec_fn=tied_to_parent())
         assert self.proc.stdout is not None
         ready, _, _ = select.select([self.proc.stdout], [], [], self.timeout)
         line = self.proc.stdout.readline().decode("utf-8", "replace").strip() if ready else ""
