@@ -200,7 +200,8 @@ def goal_lines(summary: dict[str, Any]) -> list[str]:
 
 def good_pair_rows(summary: dict[str, Any], limit: int = 40) -> tuple[list[str], list[list[Any]]]:
     """One row per pair the best schedule needs (node, site, since, then each configuration's delay; "never" if
-    it did not use it), the first ``limit``, then a row of quantiles per configuration."""
+    it did not use it), the first ``limit``, then rows of quantiles per configuration and the count of pairs that
+    turned good after the configuration's last run on their site (left out of the quantiles)."""
     gp = summary.get("good_pairs") or {}
     names = list(gp.get("delays", {}))
     if not gp.get("pairs") or not names:
@@ -212,6 +213,8 @@ def good_pair_rows(summary: dict[str, Any], limit: int = 40) -> tuple[list[str],
         for q in ("median", "p90", "max"):
             rows.append([f"{q} ({group})", "", "", "", *(_num((gp["stats"][x][group] or {}).get(q), "{:.1f}")
                                                          for x in names)])
+    rows.append(["good after their site's work", "", "", "",
+                 *(str(gp["stats"][x].get("after_their_sites_work", 0)) for x in names)])
     return ["node", "site", "good from (s)", "clearly better", *names], rows
 
 
