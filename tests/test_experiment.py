@@ -33,7 +33,7 @@ from scheduler_ext.strategies import NodeView
 DUEL = Path(__file__).resolve().parent.parent / "product_crawl" / "simweb" / "profiles" / "duel.json"
 
 RUN_KEYS = {"description", "settings", "unique_items", "completion", "served_share", "items_per_second", "tasks",
-            "exhausted", "nodes", "items_over_time", "completion_over_time", "estimate_over_time",
+            "exhausted", "exhausted_at", "nodes", "items_over_time", "completion_over_time", "estimate_over_time",
             "final_completion"}
 NODE_KEYS = {"address", "label", "items", "moved_out", "moved_in", "modified", "recalled", "dead", "runs", "pages",
              "offered", "collected", "requests", "errors", "blocked", "suited_sites", "late_pages", "suited_share"}

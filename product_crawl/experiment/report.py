@@ -169,7 +169,8 @@ def table_rows(summary: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
                      _num(items[name] / items["oracle"] if items.get("oracle") else None),
                      _num(run.get("vs_best")),
                      *(str(sum(n[k] for n in nodes)) for k in ("moved_out", "modified", "recalled", "dead")),
-                     f"{run['tasks']['done']}/{run['tasks']['total']}"])
+                     f"{run['tasks']['done']}/{run['tasks']['total']}"
+                     + (f" at {run['exhausted_at']:g} s" if run.get("exhausted_at") is not None else "")])
     return headers, rows
 
 

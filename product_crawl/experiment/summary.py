@@ -148,6 +148,10 @@ def summarize_run(raw: dict[str, Any], opts: Options, corpus_total: int, suited:
         "items_per_second": round(unique / opts.duration, 3),
         "tasks": {"total": final["tasks"], "done": final["tasks_done"]},
         "exhausted": bool(final["tasks"]) and final["tasks_done"] >= final["tasks"],
+        # when the last task was done: on an exhausted corpus the unique items only say how well it was served,
+        # this says how fast
+        "exhausted_at": next((float(x["t"]) for x in samples if x.get("tasks") and x["tasks_done"] >= x["tasks"]),
+                             None),
         "nodes": nodes,
         "items_over_time": [[s["t"], s["items"]] for s in samples],
         "completion_over_time": {n: {site: windowed(samples, f"{n}|{site}") for site in opts.sites
