@@ -14,6 +14,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
@@ -58,6 +59,9 @@ NODE_KEYS = {"address", "label", "items", "moved_out", "moved_in", "modified", "
     (["--machine-seconds", "-1"], "--machine-seconds: expected 0 (the recorded figures) .. 120 seconds"),
     (["--machine-seconds", "nan"], "--machine-seconds: expected 0"),
     (["--sim", "--machine-seconds", "5"], "with --sim (its nodes share no machine)"),
+    # the deployment's own prefix and database: an experiment wipes both before each configuration
+    (["--prefix", "{pc}"], "--prefix '{pc}': that is this project's deployment's (its settings say so)"),
+    (["--database", "product_crawl"], "--database 'product_crawl': that is this project's deployment's"),
 ])
 def test_bad_input_is_refused_before_anything_starts(args: list[str], message: str, tmp_path: Path) -> None:
     bad = tmp_path / "bad.json"
@@ -394,3 +398,32 @@ def test_the_plain_spider_names_a_bad_page_list_before_anything_opens(value: str
     assert result.returncode != 0
     assert message in result.stderr
     assert "ServerSelectionTimeoutError" not in result.stderr  # the list is read before the storage is opened
+
+
+def test_an_experiment_wipes_only_what_an_experiment_made(cluster: Any, redis_url: str, mongo_uri: str,
+                                                         tmp_path: Path) -> None:
+    # A prefix or database given by mistake (a deployment's, under another name than its settings give) lost every
+    # key or item there: before each configuration the experiment deletes its prefix's keys and drops its database.
+    from product_crawl.experiment.runner import SCRATCH_MARK, wipe_scratch
+
+    opts = make_options(profile="paper", strategies="dynamic", prefix=cluster.store.keys.prefix,
+                        database=cluster.mongo_db, out=tmp_path / "out")
+    someone = f"{opts.prefix}:waiting"
+    cluster.redis.zadd(someone, {"a deployment's subtask": 1})
+    with pytest.raises(ExperimentError, match=r"--prefix .*: Redis holds keys under it that no experiment made"):
+        wipe_scratch(cluster, opts)
+    assert cluster.redis.zcard(someone) == 1  # nothing deleted
+    cluster.redis.delete(someone)
+    cluster.mongo[opts.database]["items"].insert_one({"title": "a deployment's item"})
+    with pytest.raises(ExperimentError, match=r"--database .*: it holds collections no experiment made \(items\)"):
+        wipe_scratch(cluster, opts)
+    assert cluster.mongo[opts.database]["items"].count_documents({}) == 1
+    cluster.mongo.drop_database(opts.database)
+    wipe_scratch(cluster, opts)  # empty: the experiment's now, marked
+    assert cluster.redis.exists(f"{opts.prefix}:{SCRATCH_MARK}")
+    assert SCRATCH_MARK in cluster.mongo[opts.database].list_collection_names()
+    cluster.redis.zadd(someone, {"the experiment's own subtask": 1})
+    cluster.mongo[opts.database]["items"].insert_one({"title": "the experiment's own item"})
+    wipe_scratch(cluster, opts)  # marked: wiped, and marked again
+    assert not cluster.redis.exists(someone) and cluster.mongo[opts.database]["items"].count_documents({}) == 0
+    assert cluster.redis.exists(f"{opts.prefix}:{SCRATCH_MARK}")

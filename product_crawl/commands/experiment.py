@@ -109,6 +109,14 @@ class Command(ScrapyCommand):
             write_error(str(exc))
             self.exitcode = 2
             return
+        deployment = {"--prefix": (options.prefix, self.settings.get("SCHEDEXT_PREFIX") or "{pc}"),
+                      "--database": (options.database, self.settings.get("MONGO_DATABASE") or "product_crawl")}
+        for option, (given, own) in deployment.items():
+            if not options.sim and given == own:  # wiped before each configuration: the deployment's own state
+                write_error(f"{option} {given!r}: that is this project's deployment's (its settings say so), and an "
+                            f"experiment wipes its {option[2:]} before each configuration; give it one of its own")
+                self.exitcode = 2
+                return
         if options.sim:
             write_line(f"experiment (simulated): {', '.join(options.configurations)} on profile "
                        f"{options.profile.name!r}, {options.duration:.0f} s each, {len(options.nodes)} nodes x "

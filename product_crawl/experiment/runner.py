@@ -406,6 +406,39 @@ def _get_json(url: str, timeout: float = 5.0) -> dict[str, Any] | None:
         return None
 
 
+#: The key (under the prefix) and the collection (in the database) an experiment leaves where it ran: the mark that
+#: they are its scratch space, which it wipes before each configuration.
+SCRATCH_MARK = "experiment"
+#: The prefix and database ``scrapy experiment`` uses unless told otherwise: scratch space by name (an experiment
+#: made before the mark existed left them unmarked).
+SCRATCH_DEFAULTS = ("{exp}", "product_crawl_experiment")
+
+
+def wipe_scratch(cluster: LocalCluster, opts: Options) -> None:
+    """Delete the experiment's Redis keys and drop its database, so that a configuration starts from fresh state,
+    only if nothing but an experiment used them: keys under the prefix without the experiment's mark, or a database
+    with collections and without it, are someone else's (a deployment given ``--prefix {pc}`` or ``--database
+    product_crawl`` by mistake lost its queues, or every item it had collected); ExperimentError naming them,
+    before anything is deleted. Marks both afterwards."""
+    mark = f"{opts.prefix}:{SCRATCH_MARK}"
+    if opts.prefix != SCRATCH_DEFAULTS[0] and not cluster.redis.exists(mark):
+        used = next(iter(cluster.redis.scan_iter(match=cluster.store.keys.everything, count=1000)), None)
+        if used is not None:
+            raise ExperimentError(f"--prefix {opts.prefix!r}: Redis holds keys under it that no experiment made (such "
+                                  f"as {used!r}); an experiment deletes every key of its prefix before each "
+                                  f"configuration: give it a prefix of its own")
+    database = cluster.mongo[opts.database]
+    if opts.database != SCRATCH_DEFAULTS[1] and opts.database in cluster.mongo.list_database_names():
+        collections = database.list_collection_names()
+        if collections and SCRATCH_MARK not in collections:
+            raise ExperimentError(f"--database {opts.database!r}: it holds collections no experiment made ("
+                                  f"{', '.join(sorted(collections)[:5])}); an experiment drops its database before "
+                                  f"each configuration: give it a database of its own")
+    cluster.reset()
+    cluster.redis.set(mark, "scrapy experiment's scratch space: wiped before each configuration")
+    database[SCRATCH_MARK].insert_one({"note": "scrapy experiment's scratch space: dropped before each configuration"})
+
+
 def run_configuration(name: str, opts: Options, *, redis_url: str, mongo_uri: str, label: str = "",
                       progress: Progress | None = None,
                       clock: Callable[[], float] = time.monotonic) -> dict[str, Any]:
@@ -417,7 +450,7 @@ def run_configuration(name: str, opts: Options, *, redis_url: str, mongo_uri: st
     progress = progress or Progress()
     tag = f"[{label or name}]"
     try:
-        cluster.reset()
+        wipe_scratch(cluster, opts)
         # The web's address is fixed before the nodes start, but the web itself starts only once every node
         # heartbeats: its phase clock then starts with the run, whatever the start-up time of this configuration.
         port = free_port()
