@@ -22,9 +22,16 @@ from scrapy.commands import ScrapyCommand
 
 from product_crawl.commands._base import write_error, write_line
 from product_crawl.experiment import CONFIGURATIONS, DEFAULT_CONFIGURATIONS, ExperimentError, make_options
-from product_crawl.experiment.runner import MIN_DURATION, SIM_REPEAT, parse_overrides
+from product_crawl.experiment.runner import (
+    EXPERIMENT_DATABASE,
+    EXPERIMENT_PREFIX,
+    MIN_DURATION,
+    SIM_REPEAT,
+    parse_overrides,
+)
 from product_crawl.experiment.sim import PROFILE_FAMILIES, usable_cores
 from product_crawl.services import integer, real
+from scheduler_ext.keys import Keys
 
 
 class Command(ScrapyCommand):
@@ -83,9 +90,10 @@ class Command(ScrapyCommand):
                             help="a real run: measure this machine (plain Scrapy, two windows of SECONDS) before "
                                  "and after the configurations, for the best possible; 0 uses the recorded "
                                  "benchmarks/results/bench_machine.json (default: 10)")
-        parser.add_argument("--prefix", default="{exp}", help="Redis key prefix of the runs; default {exp}")
-        parser.add_argument("--database", default="product_crawl_experiment",
-                            help="MongoDB database of the runs; default product_crawl_experiment")
+        parser.add_argument("--prefix", default=EXPERIMENT_PREFIX,
+                            help=f"Redis key prefix of the runs; default {EXPERIMENT_PREFIX}")
+        parser.add_argument("--database", default=EXPERIMENT_DATABASE,
+                            help=f"MongoDB database of the runs; default {EXPERIMENT_DATABASE}")
 
     def run(self, args: list[str], opts: argparse.Namespace) -> None:
         from product_crawl.experiment import run_experiment
@@ -109,8 +117,8 @@ class Command(ScrapyCommand):
             write_error(str(exc))
             self.exitcode = 2
             return
-        deployment = {"--prefix": (options.prefix, self.settings.get("SCHEDEXT_PREFIX") or "{pc}"),
-                      "--database": (options.database, self.settings.get("MONGO_DATABASE") or "product_crawl")}
+        deployment = {"--prefix": (options.prefix, self.settings.get("SCHEDEXT_PREFIX") or Keys().prefix),
+                      "--database": (options.database, self.settings.get("MONGO_DATABASE"))}
         for option, (given, own) in deployment.items():
             if not options.sim and given == own:  # wiped before each configuration: the deployment's own state
                 write_error(f"{option} {given!r}: that is this project's deployment's (its settings say so), and an "

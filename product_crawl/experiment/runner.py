@@ -94,6 +94,9 @@ PRODUCTS: tuple[dict[str, str], ...] = (
     {"name": "雀巢中老年奶粉"},
 )
 
+#: The Redis key prefix and MongoDB database of the runs unless ``--prefix`` / ``--database`` say otherwise: the
+#: experiment's scratch space by name (:func:`wipe_scratch`; experiments made before its mark left them unmarked).
+EXPERIMENT_PREFIX, EXPERIMENT_DATABASE = "{exp}", "product_crawl_experiment"
 MIN_DURATION = 20.0  # seconds; below this the nodes barely start, and no estimate rests on data
 MAX_DURATION = 7 * 86400.0  # seconds: a week; a longer run is a typo (1e9 s would run, real or simulated, for ever)
 SIM_REPEAT = 3  # seeds a simulated experiment runs unless --repeat says otherwise: a distribution, not one number
@@ -121,8 +124,8 @@ class Options:
     sites: list[str] = field(default_factory=list)
     overrides: dict[str, Any] = field(default_factory=dict)
     sample_interval: float = 3.0
-    prefix: str = "{exp}"
-    database: str = "product_crawl_experiment"
+    prefix: str = EXPERIMENT_PREFIX
+    database: str = EXPERIMENT_DATABASE
     sim: bool = False  # run on the cluster simulator (scheduler_ext.sim) instead of real processes
     repeat: int = 1  # simulated runs per configuration (seeds seed .. seed + repeat - 1), for ratio distributions
     products: tuple[dict[str, str], ...] = PRODUCTS  # searched on every site (more than the paper's four: --sim)
@@ -238,7 +241,7 @@ def _load(profile: str, *, sim: bool, nodes: int | None, sites: int | None, dura
 def make_options(*, profile: str = "paper", duration: float = 90.0, strategies: str = ",".join(DEFAULT_CONFIGURATIONS),
                  ablations: bool = False, seed: int = 0, out: Path | None = None, nodes: int | None = None,
                  overrides: dict[str, Any] | None = None, sample_interval: float | None = None,
-                 prefix: str = "{exp}", database: str = "product_crawl_experiment", sim: bool = False,
+                 prefix: str = EXPERIMENT_PREFIX, database: str = EXPERIMENT_DATABASE, sim: bool = False,
                  repeat: int = 1, products: int | None = None, sites: int | None = None,
                  machine_seconds: float | None = None, jobs: int = 1) -> Options:
     """Validate everything a run needs, before anything starts; raises :class:`ExperimentError` if bad.
@@ -409,9 +412,6 @@ def _get_json(url: str, timeout: float = 5.0) -> dict[str, Any] | None:
 #: The key (under the prefix) and the collection (in the database) an experiment leaves where it ran: the mark that
 #: they are its scratch space, which it wipes before each configuration.
 SCRATCH_MARK = "experiment"
-#: The prefix and database ``scrapy experiment`` uses unless told otherwise: scratch space by name (an experiment
-#: made before the mark existed left them unmarked).
-SCRATCH_DEFAULTS = ("{exp}", "product_crawl_experiment")
 
 
 def wipe_scratch(cluster: LocalCluster, opts: Options) -> None:
@@ -421,14 +421,14 @@ def wipe_scratch(cluster: LocalCluster, opts: Options) -> None:
     product_crawl`` by mistake lost its queues, or every item it had collected); ExperimentError naming them,
     before anything is deleted. Marks both afterwards."""
     mark = f"{opts.prefix}:{SCRATCH_MARK}"
-    if opts.prefix != SCRATCH_DEFAULTS[0] and not cluster.redis.exists(mark):
+    if opts.prefix != EXPERIMENT_PREFIX and not cluster.redis.exists(mark):
         used = next(iter(cluster.redis.scan_iter(match=cluster.store.keys.everything, count=1000)), None)
         if used is not None:
             raise ExperimentError(f"--prefix {opts.prefix!r}: Redis holds keys under it that no experiment made (such "
                                   f"as {used!r}); an experiment deletes every key of its prefix before each "
                                   f"configuration: give it a prefix of its own")
     database = cluster.mongo[opts.database]
-    if opts.database != SCRATCH_DEFAULTS[1] and opts.database in cluster.mongo.list_database_names():
+    if opts.database != EXPERIMENT_DATABASE and opts.database in cluster.mongo.list_database_names():
         collections = database.list_collection_names()
         if collections and SCRATCH_MARK not in collections:
             raise ExperimentError(f"--database {opts.database!r}: it holds collections no experiment made ("
