@@ -192,6 +192,11 @@ class Config:
         node_timeout = recall_age if _raw(s, "SCHEDEXT_NODE_TIMEOUT") is None \
             else _seconds(s, "SCHEDEXT_NODE_TIMEOUT")
         heartbeat = _seconds(s, "SCHEDEXT_HEARTBEAT_INTERVAL")
+        # The times a subtask lives by, at least what a subtask of SCHEDEXT_PAGE_LIMIT pages takes under the nodes'
+        # DOWNLOAD_DELAY (paced_floor); the lease and the heartbeat timeout above do not depend on the pace.
+        floor = paced_floor(s.get("DOWNLOAD_DELAY") if s is not None else None,
+                            _number(s, "SCHEDEXT_PAGE_LIMIT", int, low=1),
+                            _number(s, "SCHEDEXT_TIME_SAFETY", float, low=0.0, low_open=True))
         for name, value in (("SCHEDEXT_LEASE_TTL", lease_ttl), ("SCHEDEXT_NODE_TIMEOUT", node_timeout)):
             if value <= heartbeat:  # a healthy node would lose its leases / be taken for dead between heartbeats
                 raise ConfigurationError(f"{name}: expected more than SCHEDEXT_HEARTBEAT_INTERVAL ({heartbeat:g} s),"
@@ -233,7 +238,7 @@ class Config:
             recall=_text(s, "SCHEDEXT_RECALL") or DEFAULTS["SCHEDEXT_RECALL"],
             max_entry_bytes=_number(s, "SCHEDEXT_MAX_ENTRY_BYTES", int, low=1024),
             max_split=_number(s, "SCHEDEXT_MAX_SPLIT", int, low=1),
-            recall_age=recall_age, lease_ttl=lease_ttl, node_timeout=node_timeout,
+            recall_age=max(recall_age, floor), lease_ttl=lease_ttl, node_timeout=node_timeout,
             recall_max=_number(s, "SCHEDEXT_RECALL_MAX", int, low=1),
             recall_reset=_flag(s, "SCHEDEXT_RECALL_RESET"),
             retry_backoff=_seconds(s, "SCHEDEXT_RETRY_BACKOFF", zero_ok=True),
@@ -246,11 +251,11 @@ class Config:
             bandit_seed=None if _raw(s, "SCHEDEXT_BANDIT_SEED") is None else _number(s, "SCHEDEXT_BANDIT_SEED", int),
             slow_factor=_number(s, "SCHEDEXT_SLOW_FACTOR", float, low=1.0),
             rate_floor=_number(s, "SCHEDEXT_RATE_FLOOR", float, low=0.0, high=1.0),
-            patience=_seconds(s, "SCHEDEXT_PATIENCE", zero_ok=True),
+            patience=max(_seconds(s, "SCHEDEXT_PATIENCE", zero_ok=True), floor / 2),
             page_limit_min=_number(s, "SCHEDEXT_PAGE_LIMIT_MIN", int, low=1),
             page_limit_max=_number(s, "SCHEDEXT_PAGE_LIMIT_MAX", int, low=1),
             time_limit_min=_seconds(s, "SCHEDEXT_TIME_LIMIT_MIN"),
-            time_limit_max=_seconds(s, "SCHEDEXT_TIME_LIMIT_MAX"),
+            time_limit_max=max(_seconds(s, "SCHEDEXT_TIME_LIMIT_MAX"), floor / 2),
             time_safety=_number(s, "SCHEDEXT_TIME_SAFETY", float, low=0.0, low_open=True),
             oracle_url=_text(s, "SCHEDEXT_ORACLE_URL"),
             runs_maxlen=_number(s, "SCHEDEXT_RUNS_MAXLEN", int, low=1),
@@ -273,6 +278,23 @@ def config_for(crawler: Any) -> Config:
     if config is None:
         config = _CONFIGS[crawler] = Config.from_settings(crawler.settings)
     return config
+
+
+def paced_floor(delay: Any, page_limit: int, safety: float) -> float:
+    """The least recall age under a ``DOWNLOAD_DELAY`` of ``delay`` seconds (None: none): twice the time limit
+    a subtask of ``page_limit`` pages is given at that pace with the time safety ``safety`` (``2 x safety x
+    page_limit x delay``, 20 delays with the defaults), so that modification's budget (half the recall age) holds
+    such a subtask. Half of it is the least patience (a good node frees up about once a subtask) and the least
+    ``SCHEDEXT_TIME_LIMIT_MAX``. Below a delay of 3 s with the defaults it is under the paper's minute and changes
+    nothing; at 30 s a page, a recall age of a minute gave one-page subtasks cut by their own time limit, and
+    a 100-node cluster collected next to nothing (docs/settings.md, "Pace").
+
+    >>> paced_floor(None, 5, 2.0), paced_floor(2, 5, 2.0), paced_floor("30", 5, 2.0)
+    (0.0, 40.0, 600.0)
+    """
+    if delay in (None, ""):
+        return 0.0
+    return 2 * safety * page_limit * check_number("DOWNLOAD_DELAY", delay, float, low=0.0)
 
 
 def check_number(name: str, value: Any, kind: type, *, low: float, low_open: bool = False,

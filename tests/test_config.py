@@ -101,3 +101,19 @@ def test_a_node_names_a_bad_scrapy_setting_it_paces_by(name: str, value: str, ex
     with pytest.raises(ConfigurationError) as err:
         Pace.from_config(Config(), Settings({name: value}))
     assert str(err.value) == expected
+
+
+def test_a_polite_pace_lengthens_what_a_subtask_lives_by_not_the_lease() -> None:
+    # 2 x time safety x page limit x DOWNLOAD_DELAY: at 30 s a page, a minute gave one-page subtasks cut by their
+    # own time limit (scheduler_ext.config.paced_floor; the simulated consequence in test_sim.py)
+    c = Config.from_settings(Settings({"DOWNLOAD_DELAY": 30}))
+    assert (c.recall_age, c.patience, c.time_limit_max) == (600.0, 300.0, 300.0)
+    assert (c.lease_ttl, c.node_timeout) == (60.0, 60.0)  # renewed by heartbeats, whatever the pace
+    polite = Config.from_settings(Settings({"DOWNLOAD_DELAY": 2}))  # under 3 s with the defaults: as before
+    assert (polite.recall_age, polite.patience, polite.time_limit_max) == (60.0, 30.0, 120.0)
+    longer = Config.from_settings(Settings({"DOWNLOAD_DELAY": 30, "SCHEDEXT_RECALL_THRESHOLD": 1200,
+                                            "SCHEDEXT_PAGE_LIMIT": 2}))
+    assert (longer.recall_age, longer.patience, longer.time_limit_max) == (1200.0, 120.0, 120.0)
+    with pytest.raises(ConfigurationError) as err:
+        Config.from_settings(Settings({"DOWNLOAD_DELAY": "slow"}))
+    assert str(err.value).startswith("DOWNLOAD_DELAY: expected a number >= 0")

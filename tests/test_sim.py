@@ -1139,3 +1139,27 @@ def test_a_corpus_done_before_the_end_says_when_and_pairs_good_after_it_are_coun
     assert late and all(d is None for p, d in zip(gp["pairs"], gp["delays"]["dynamic"], strict=True) if p in late)
     assert gp["stats"]["dynamic"]["after_their_sites_work"] >= len(late)
     assert gp["stats"]["dynamic"]["all"]["max"] < 90 - min(p[2] for p in gp["pairs"])  # no wait to the run's end
+
+
+def test_a_polite_pace_gets_subtasks_that_fit_it() -> None:
+    """Under a DOWNLOAD_DELAY of 30 s the recall age, patience and longest time limit are at least what a subtask of
+    SCHEDEXT_PAGE_LIMIT pages takes (scheduler_ext.config.paced_floor). With the paper's minute, modification's
+    budget (half of it) held less than a page: one-page subtasks, cut by their own time limit when the node's
+    previous page held its download slot, recalled, and tried again (a 100-node cluster collected a fifth)."""
+    from product_crawl.experiment.sim import build_strategies
+
+    world = generate("specialists", nodes=8, sites=4, duration=1200, seed=0)
+    tasks = _tasks(world.sites, 6, 0)
+    model = NodeModel(delay=30.0, randomize_delay=False)
+    settings = {"DOWNLOAD_DELAY": 30, "SCHEDEXT_ALLOCATION": "scheduler_ext.strategies.bandit.BanditAllocation",
+                "SCHEDEXT_MODIFICATION": "scheduler_ext.strategies.modification.RelativeModification",
+                "SCHEDEXT_BANDIT_SEED": 0}
+    allocation, modification, recall, config = build_strategies(settings, None)
+    assert config.recall_age == 600.0
+    paced = Simulation(world, world.nodes, tasks, allocation=allocation, modification=modification, recall=recall,
+                       duration=1200, seed=0, model=model, recall_age=config.recall_age).run()
+    allocation, modification, recall = CONFIGS["bandit"](0, recall_age=60.0, patience=30.0)  # the minute
+    minute = Simulation(world, world.nodes, tasks, allocation=allocation, modification=modification, recall=recall,
+                        duration=1200, seed=0, model=model, recall_age=60.0).run()
+    items = paced["samples"][-1]["items"], minute["samples"][-1]["items"]
+    assert items[0] > 2 * items[1], items
