@@ -416,7 +416,8 @@ def test_posterior_doctests() -> None:  # page equivalents, change points, the s
         ({"default_time": 100.0}, 0.8, None, (8, 30.0)),  # ... never above half the recall threshold
         ({}, 1.0, 4.0, (3, 24.0)),  # slow pages: as many as fit into half the recall threshold
         ({}, 1.0, 4.1, (3, 24.6)),  # 30 / 8.2 = 3.66 pages fit: rounded down
-        ({}, 1.0, 20.0, (1, 30.0)),  # nothing fits: one page, the limit clamped to the budget
+        ({}, 1.0, 20.0, (1, 40.0)),  # nothing fits: one page, with its time (a limit of the budget cut every page)
+        ({}, 1.0, 100.0, (1, 120.0)),  # ... up to the maximum
         ({"base_pages": 15}, 1.0, 0.1, (20, 5.0)),  # bounded by the maximum page count
         ({"min_pages": 2}, 0.1, 0.5, (2, 5.0)),  # bounded by the minimum page count
         ({"recall_threshold": 600.0}, 1.0, 10.0, (10, 120.0)),  # time limit bounded by its maximum
@@ -471,6 +472,17 @@ def test_next_limits_falls_back_to_the_report_own_figures() -> None:
     # estimates of another node do not count
     other = FakeEstimates().set("a.com", "n2", 0.1, 4.0)
     assert mod.next_limits(_report(), other) == (10, 20.0)
+
+
+def test_a_run_cut_before_any_page_gives_the_next_subtask_twice_its_time() -> None:
+    # Pages of 40 s against a limit of 30 s (the default before any pace is known): every run was cut before its
+    # first page ended, said nothing of the pace, and the next got 30 s again; the site's work was never done.
+    mod = DynamicModification()
+    cut = _report(outcome="timeout", offered=0, collected=0, pages=0, started=100.0, ended=130.0)
+    assert mod.next_limits(cut, FakeEstimates()) == (5, 60.0)
+    longer = _report(subtask=replace(st("s1"), time_limit=90.0), outcome="timeout", offered=0, collected=0, pages=0)
+    assert mod.next_limits(longer, FakeEstimates()) == (5, 120.0)  # up to the maximum
+    assert mod.next_limits(_report(outcome="timeout"), FakeEstimates()) == (10, 20.0)  # pages crawled: the pace
 
 
 def test_next_limits_prefers_the_estimates_of_the_node_that_ran_it() -> None:

@@ -7,10 +7,15 @@
 
     pages      = clamp(round(2 * c * P0), PAGE_LIMIT_MIN, PAGE_LIMIT_MAX)     low completion -> fewer pages
     pages      = max(PAGE_LIMIT_MIN, min(pages, floor(B / (k * s))))          ... but expected duration <= B
-    time_limit = clamp(k * s * pages, TIME_LIMIT_MIN, min(TIME_LIMIT_MAX, B))  fast pages -> shorter limit
+    time_limit = clamp(k * s * pages, TIME_LIMIT_MIN, min(TIME_LIMIT_MAX, B'))  fast pages -> shorter limit
+    B'         = max(B, k * s * PAGE_LIMIT_MIN)                                 ... the fewest pages their time
 
 The two are chosen together: the page count is cut first so that ``k * s * pages`` fits under ``B``, then the
-time limit follows from the same product, so a subtask's expected duration stays well under the recall threshold.
+time limit follows from the same product, so a subtask's expected duration stays well under the recall threshold,
+unless even the fewest pages do not fit: a site whose pages take longer than ``B / k`` (40 s pages against a budget
+of 30 s) gets its pages' time, up to ``TIME_LIMIT_MAX``, instead of a limit that cuts every page (its work was never
+done). A run that the time limit cut before any page was crawled says only that a page takes longer: the next
+subtask's limit is at least twice its (up to ``TIME_LIMIT_MAX``) until a page fits and the pace is known.
 
 :class:`RelativeModification` (default): the same rule with the completion taken relative to the best completion
 any node has on the site, ``c / max_n c(site, n)``. The paper shrinks a subtask on a node that collects little so that
@@ -74,6 +79,8 @@ class DynamicModification(Modification):
         (1, 5.0)
         >>> DynamicModification().limits(1.0, 4.0)    # slow pages: as many as fit in half the threshold
         (3, 24.0)
+        >>> DynamicModification().limits(1.0, 40.0)   # not even one fits: one page, with its time
+        (1, 80.0)
         """
         c = 0.5 if completion is None else min(1.0, max(0.0, completion))
         pages = min(self.max_pages, max(self.min_pages, round(2 * c * self.base_pages)))
@@ -82,7 +89,8 @@ class DynamicModification(Modification):
         fit = math.floor(self.budget / (self.safety * seconds_per_page))
         pages = max(self.min_pages, min(pages, fit))
         limit = self.safety * seconds_per_page * pages
-        return pages, round(min(min(self.max_time, self.budget), max(self.min_time, limit)), 3)
+        budget = max(self.budget, self.safety * seconds_per_page * self.min_pages)  # the fewest pages: their time
+        return pages, round(min(min(self.max_time, budget), max(self.min_time, limit)), 3)
 
     def next_limits(self, report: Report, estimates: Estimates) -> tuple[int, float]:
         st = report.subtask
@@ -90,7 +98,10 @@ class DynamicModification(Modification):
         s = estimates.seconds_per_page(st.group, st.site, report.node)
         completion = c.value if c is not None else (report.collected / report.offered if report.offered else None)
         spp = s.value if s is not None else (report.seconds / report.pages if report.pages else None)
-        return self.limits(self._completion(completion, report, estimates), spp)
+        pages, limit = self.limits(self._completion(completion, report, estimates), spp)
+        if report.outcome == "timeout" and not report.pages:  # cut before any page: a page takes longer than that
+            limit = max(limit, min(self.max_time, 2 * st.time_limit))
+        return pages, limit
 
     def _completion(self, completion: float | None, report: Report, estimates: Estimates) -> float | None:
         """The completion the page count follows: the node's own, in the paper's rule."""
