@@ -287,14 +287,14 @@ def paced_floor(delay: Any, page_limit: int, safety: float) -> float:
     such a subtask. Half of it is the least patience (a good node frees up about once a subtask) and the least
     ``SCHEDEXT_TIME_LIMIT_MAX``. Below a delay of 3 s with the defaults it is under the paper's minute and changes
     nothing; at 30 s a page, a recall age of a minute gave one-page subtasks cut by their own time limit, and
-    a 100-node cluster collected next to nothing (docs/settings.md, "Pace").
+    a 100-node cluster collected next to nothing (docs/settings.md, "Pace"). At most a week, as any duration.
 
-    >>> paced_floor(None, 5, 2.0), paced_floor(2, 5, 2.0), paced_floor("30", 5, 2.0)
-    (0.0, 40.0, 600.0)
+    >>> paced_floor(None, 5, 2.0), paced_floor(2, 5, 2.0), paced_floor("30", 5, 2.0), paced_floor(86400, 5, 2.0)
+    (0.0, 40.0, 600.0, 604800.0)
     """
     if delay in (None, ""):
         return 0.0
-    return 2 * safety * page_limit * check_number("DOWNLOAD_DELAY", delay, float, low=0.0)
+    return min(LONGEST, 2 * safety * page_limit * check_number("DOWNLOAD_DELAY", delay, float, low=0.0))
 
 
 def check_number(name: str, value: Any, kind: type, *, low: float, low_open: bool = False,
