@@ -294,7 +294,7 @@ def paced_floor(delay: Any, page_limit: int, safety: float) -> float:
     """
     if delay in (None, ""):
         return 0.0
-    return min(LONGEST, 2 * safety * page_limit * check_number("DOWNLOAD_DELAY", delay, float, low=0.0))
+    return min(LONGEST, 2 * safety * page_limit * check_number("DOWNLOAD_DELAY", delay, float, low=0.0, high=LONGEST))
 
 
 def check_number(name: str, value: Any, kind: type, *, low: float, low_open: bool = False,

@@ -114,6 +114,7 @@ def test_a_polite_pace_lengthens_what_a_subtask_lives_by_not_the_lease() -> None
     longer = Config.from_settings(Settings({"DOWNLOAD_DELAY": 30, "SCHEDEXT_RECALL_THRESHOLD": 1200,
                                             "SCHEDEXT_PAGE_LIMIT": 2}))
     assert (longer.recall_age, longer.patience, longer.time_limit_max) == (1200.0, 120.0, 120.0)
-    with pytest.raises(ConfigurationError) as err:
-        Config.from_settings(Settings({"DOWNLOAD_DELAY": "slow"}))
-    assert str(err.value).startswith("DOWNLOAD_DELAY: expected a number >= 0")
+    for bad in ("slow", "604801", "nan"):  # as the node's own check (Pace): a number, at most a week
+        with pytest.raises(ConfigurationError) as err:
+            Config.from_settings(Settings({"DOWNLOAD_DELAY": bad}))
+        assert str(err.value) == f"DOWNLOAD_DELAY: expected a number >= 0 and <= 604800, got {bad!r}"
