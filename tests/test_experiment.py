@@ -53,7 +53,8 @@ NODE_KEYS = {"address", "label", "items", "moved_out", "moved_in", "modified", "
     (["--set", "SCHEDEXT_PAGE_LIMIT=abc"], "--set SCHEDEXT_PAGE_LIMIT: expected an integer >= 1, got 'abc'"),
     (["--sim", "--set", "SCHEDEXT_ALLOCATION=nosuch.Thing"], "--set SCHEDEXT_ALLOCATION: cannot load strategy"),
     (["--sim", "--set", "DOWNLOAD_DELAY=x"], "--set DOWNLOAD_DELAY: expected a number >= 0, got 'x'"),
-    (["--sim", "--set", "DOWNLOAD_DELAY=604801"], "--set DOWNLOAD_DELAY: expected a number >= 0 and <= 604800, got 604801"),
+    (["--sim", "--set", "DOWNLOAD_DELAY=604801"],
+     "--set DOWNLOAD_DELAY: expected a number >= 0 and <= 604800, got 604801"),  # as the node checks it
     (["--sim", "--set", "CONCURRENT_REQUESTS=0"], "--set CONCURRENT_REQUESTS: expected an integer >= 1, got 0"),
     (["--profile", "{bad}"], "default: missing required field"),
     (["--profile", "/nonexistent/profile.json"], "cannot read it"),
