@@ -194,9 +194,9 @@ class Config:
         heartbeat = _seconds(s, "SCHEDEXT_HEARTBEAT_INTERVAL")
         # The times a subtask lives by, at least what a subtask of SCHEDEXT_PAGE_LIMIT pages takes under the nodes'
         # DOWNLOAD_DELAY (paced_floor); the lease and the heartbeat timeout above do not depend on the pace.
-        floor = paced_floor(s.get("DOWNLOAD_DELAY") if s is not None else None,
-                            _number(s, "SCHEDEXT_PAGE_LIMIT", int, low=1),
-                            _number(s, "SCHEDEXT_TIME_SAFETY", float, low=0.0, low_open=True))
+        page_limit = _number(s, "SCHEDEXT_PAGE_LIMIT", int, low=1)
+        safety = _number(s, "SCHEDEXT_TIME_SAFETY", float, low=0.0, low_open=True)
+        floor = paced_floor(s.get("DOWNLOAD_DELAY") if s is not None else None, page_limit, safety)
         for name, value in (("SCHEDEXT_LEASE_TTL", lease_ttl), ("SCHEDEXT_NODE_TIMEOUT", node_timeout)):
             if value <= heartbeat:  # a healthy node would lose its leases / be taken for dead between heartbeats
                 raise ConfigurationError(f"{name}: expected more than SCHEDEXT_HEARTBEAT_INTERVAL ({heartbeat:g} s),"
@@ -221,7 +221,7 @@ class Config:
             site_address_concurrency=_number(s, "SCHEDEXT_SITE_ADDRESS_CONCURRENCY", int, low=0),
             site_address_rate=_number(s, "SCHEDEXT_SITE_ADDRESS_RATE", float, low=0.0),
             politeness_interval=_seconds(s, "SCHEDEXT_POLITENESS_INTERVAL"),
-            page_limit=_number(s, "SCHEDEXT_PAGE_LIMIT", int, low=1),
+            page_limit=page_limit,
             time_limit=_seconds(s, "SCHEDEXT_TIME_LIMIT"),
             task_lanes=_number(s, "SCHEDEXT_TASK_LANES", int, low=1),
             task_lanes_idle=_number(s, "SCHEDEXT_TASK_LANES_IDLE", int, low=1),
@@ -256,7 +256,7 @@ class Config:
             page_limit_max=_number(s, "SCHEDEXT_PAGE_LIMIT_MAX", int, low=1),
             time_limit_min=_seconds(s, "SCHEDEXT_TIME_LIMIT_MIN"),
             time_limit_max=max(_seconds(s, "SCHEDEXT_TIME_LIMIT_MAX"), floor / 2),
-            time_safety=_number(s, "SCHEDEXT_TIME_SAFETY", float, low=0.0, low_open=True),
+            time_safety=safety,
             oracle_url=_text(s, "SCHEDEXT_ORACLE_URL"),
             runs_maxlen=_number(s, "SCHEDEXT_RUNS_MAXLEN", int, low=1),
             stats_flush_interval=_seconds(s, "SCHEDEXT_STATS_FLUSH_INTERVAL"),
