@@ -90,7 +90,7 @@ class DynamicModification(Modification):
         pages = max(self.min_pages, min(pages, fit))
         limit = self.safety * seconds_per_page * pages
         budget = max(self.budget, self.safety * seconds_per_page * self.min_pages)  # the fewest pages: their time
-        return pages, round(min(min(self.max_time, budget), max(self.min_time, limit)), 3)
+        return pages, round(min(self.max_time, budget, max(self.min_time, limit)), 3)
 
     def next_limits(self, report: Report, estimates: Estimates) -> tuple[int, float]:
         st = report.subtask
